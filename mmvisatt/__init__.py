@@ -1,0 +1,4 @@
+from . import engine  # noqa: F401  (lets torch >= 2.6 load mmengine checkpoints; registers hooks)
+from .version import __version__
+
+__all__ = ['__version__']

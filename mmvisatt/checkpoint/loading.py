@@ -1,0 +1,183 @@
+"""Loading foreign checkpoints into mmvisatt backbones, loudly.
+
+mmdet's Swin ``init_weights`` loads with ``strict=False`` and keeps only ``backbone.`` keys, so a checkpoint in
+the wrong layout silently initialises nothing. Here every load goes through a family converter (official /
+timm / mm layouts -> mmvisatt keys), logs a one-line report and raises when the backbone's own parameters are
+not all covered, apart from the extras the backbone declares as new (such as a residual gate or the output
+norms that only dense tasks use).
+"""
+import fnmatch
+import os
+import os.path as osp
+from dataclasses import dataclass, field
+from typing import Callable, Dict, Iterable, List, Mapping, Optional, Tuple
+
+import torch
+from mmengine.logging import print_log
+from mmengine.runner.checkpoint import CheckpointLoader
+
+StateDict = Dict[str, torch.Tensor]
+# A converter maps a raw (unwrapped) state dict to mm-style keys ('backbone.*', 'head.fc.*') and names the
+# layout it recognised, or returns None when the layout is not its family's.
+Converter = Callable[[Mapping[str, torch.Tensor]], Optional[Tuple[StateDict, str]]]
+
+_CONVERTERS: Dict[str, Converter] = {}
+
+# Keys under which training scripts of the supported families nest the weights.
+WRAPPER_KEYS = ('state_dict', 'model', 'model_state', 'model_state_dict', 'module')
+
+
+class CheckpointMismatchError(RuntimeError):
+    """A checkpoint does not cover the model it is loaded into."""
+
+
+def register_converter(family: str) -> Callable[[Converter], Converter]:
+    """Register a family's checkpoint converter for :func:`convert_state_dict` and the converter tool."""
+
+    def wrap(fn: Converter) -> Converter:
+        _CONVERTERS[family] = fn
+        return fn
+
+    return wrap
+
+
+def registered_families() -> List[str]:
+    return sorted(_CONVERTERS)
+
+
+def read_checkpoint(path: str, map_location: str = 'cpu') -> dict:
+    """Read a local file or URL; a missing local file gets an error that says how to provide it."""
+    is_url = '://' in path
+    if not is_url and not osp.isfile(path):
+        raise FileNotFoundError(
+            f"Checkpoint '{path}' does not exist (working directory: {os.getcwd()}). Download the official "
+            f"ImageNet checkpoint listed in the README ('Pretrained checkpoints') to that path, or pass another "
+            f"one with --cfg-options model.backbone.init_cfg.checkpoint=PATH.")
+    return CheckpointLoader.load_checkpoint(path, map_location=map_location)
+
+
+def unwrap_state_dict(checkpoint: Mapping) -> StateDict:
+    """Take the weights out of a training checkpoint and drop DataParallel/DDP ``module.`` prefixes."""
+    state = checkpoint
+    while True:
+        inner = next((state[k] for k in WRAPPER_KEYS if isinstance(state.get(k), Mapping)), None)
+        if inner is None:
+            break
+        state = inner
+    state = {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
+    if state and all(k.startswith('module.') for k in state):
+        state = {k[len('module.'):]: v for k, v in state.items()}
+    return state
+
+
+def convert_state_dict(state_dict: Mapping[str, torch.Tensor],
+                       family: Optional[str] = None) -> Tuple[StateDict, str, str]:
+    """Convert any supported layout to mm-style keys; returns (state_dict, family, layout)."""
+    families = [family] if family else registered_families()
+    for name in families:
+        if name not in _CONVERTERS:
+            raise KeyError(f"Unknown checkpoint family '{name}'; known: {', '.join(registered_families())}")
+        converted = _CONVERTERS[name](state_dict)
+        if converted is not None:
+            return converted[0], name, converted[1]
+    sample = ', '.join(list(state_dict)[:8])
+    raise CheckpointMismatchError(
+        f"Checkpoint layout not recognised as {' or '.join(families)} (first keys: {sample}). Supported are the "
+        f"official release files, timm checkpoints where the family has a timm model, and mm-style files with "
+        f"'backbone.' keys.")
+
+
+@dataclass
+class LoadReport:
+    """What a load did, for the log and for tests."""
+    source: str
+    layout: str
+    loaded: List[str] = field(default_factory=list)
+    missing: List[str] = field(default_factory=list)
+    unexpected: List[str] = field(default_factory=list)
+
+    def summary(self) -> str:
+        text = (f'Loaded {self.source} ({self.layout} layout): {len(self.loaded)} tensors matched, '
+                f'{len(self.missing)} newly initialised')
+        if self.missing:
+            text += f' [{_abbreviate(self.missing)}]'
+        text += f', {len(self.unexpected)} ignored'
+        if self.unexpected:
+            text += f' [{_abbreviate(self.unexpected)}]'
+        return text
+
+
+def _abbreviate(keys: List[str], limit: int = 6) -> str:
+    shown = ', '.join(keys[:limit])
+    return shown + (f', ... (+{len(keys) - limit})' if len(keys) > limit else '')
+
+
+def _matches(key: str, patterns: Iterable[str]) -> bool:
+    return any(fnmatch.fnmatchcase(key, p) for p in patterns)
+
+
+def load_into(module: torch.nn.Module, state_dict: Mapping[str, torch.Tensor], *, source: str, layout: str,
+              allow_missing: Iterable[str] = ()) -> LoadReport:
+    """Load ``state_dict`` into ``module``, raising if keys the module needs are absent or misshapen.
+
+    ``allow_missing`` holds fnmatch patterns of keys a foreign checkpoint cannot have (documented extras).
+    """
+    allow_missing = tuple(allow_missing)
+    own = module.state_dict()
+    report = LoadReport(source=source, layout=layout)
+    report.unexpected = [k for k in state_dict if k not in own]
+    candidates = {k: v for k, v in state_dict.items() if k in own}
+    # Shapes are judged by load_state_dict itself, after the modules' own hooks had their say (e.g. resizing
+    # relative-position tables trained at another window size).
+    try:
+        result = module.load_state_dict(candidates, strict=False)
+        wrong_shape = []
+    except RuntimeError as err:
+        wrong_shape = [line.strip() for line in str(err).splitlines() if 'size mismatch' in line]
+        if not wrong_shape:
+            raise
+        result = None
+    report.missing = list(result.missing_keys) if result is not None else [k for k in own if k not in candidates]
+    report.loaded = sorted(k for k in candidates if k not in report.missing)
+    required = [k for k in report.missing if not _matches(k, allow_missing)]
+    if wrong_shape or required:
+        problems = []
+        if required:
+            problems.append(f'{len(required)} of {len(own)} tensors of {type(module).__name__} are missing from '
+                            f'the checkpoint: {_abbreviate(required, 20)}')
+        if wrong_shape:
+            problems.append(f'{len(wrong_shape)} tensors have another shape: {_abbreviate(wrong_shape, 20)}')
+        if report.unexpected:
+            problems.append(f'unused checkpoint keys: {_abbreviate(report.unexpected, 20)}')
+        raise CheckpointMismatchError(
+            f'{source} ({layout} layout) does not fit {type(module).__name__}: ' + '; '.join(problems) +
+            '. Check that the checkpoint belongs to this architecture and size (arch=...).')
+    print_log(report.summary(), logger='current')
+    return report
+
+
+def load_pretrained(module: torch.nn.Module, checkpoint, *, family: str, prefix: str = 'backbone.',
+                    allow_missing: Iterable[str] = ()) -> LoadReport:
+    """Load a checkpoint file/URL or an in-memory state dict of any supported layout into ``module``.
+
+    The checkpoint is converted to mm-style keys and the entries under ``prefix`` are loaded.
+    """
+    source = checkpoint if isinstance(checkpoint, str) else 'state dict'
+    raw = read_checkpoint(checkpoint) if isinstance(checkpoint, str) else checkpoint
+    converted, _, layout = convert_state_dict(unwrap_state_dict(raw), family)
+    own = {k[len(prefix):]: v for k, v in converted.items() if k.startswith(prefix)}
+    if not own:
+        raise CheckpointMismatchError(f"{source} has no '{prefix}' weights after conversion from the {layout} "
+                                      f"layout (keys: {_abbreviate(sorted(converted))}).")
+    return load_into(module, own, source=source, layout=layout, allow_missing=allow_missing)
+
+
+def convert_checkpoint_file(src: str, dst: str, family: Optional[str] = None) -> Tuple[str, str, int]:
+    """Write ``src`` (any supported layout) as an mm-style ``{'state_dict': ...}`` file usable with
+    ``init_cfg=dict(type='Pretrained', checkpoint=dst)`` or ``load_from``. Returns (family, layout, #tensors).
+    """
+    converted, family, layout = convert_state_dict(unwrap_state_dict(read_checkpoint(src)), family)
+    os.makedirs(osp.dirname(osp.abspath(dst)), exist_ok=True)
+    torch.save({'state_dict': converted, 'meta': {'converted_from': src, 'layout': layout, 'family': family}},
+               dst)
+    return family, layout, len(converted)

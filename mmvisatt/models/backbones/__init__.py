@@ -1,0 +1,3 @@
+from .revit import ReSwinTransformer
+
+__all__ = ['ReSwinTransformer']

@@ -1,0 +1,3 @@
+from .parity import parity_model
+
+__all__ = ['parity_model']

@@ -1,0 +1,136 @@
+"""Checkpoint layouts (official, timm, mmdet, mm-style) load through init_cfg; bad files raise clearly."""
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from mmvisatt.checkpoint import CheckpointMismatchError, convert_state_dict, unwrap_state_dict
+from mmvisatt.models.backbones.revit import ReSwinTransformer
+
+ROOT = Path(__file__).parents[1]
+FIXTURE = ROOT / 'tests/data/parity/revit/reswin_a/state_dict.pth'
+TINY = dict(embed_dims=16, depths=(2, 2, 2, 2), num_heads=(1, 2, 4, 8))
+
+
+@pytest.fixture(scope='module')
+def official():
+    return torch.load(FIXTURE, map_location='cpu', weights_only=True)
+
+
+def _pretrained(path, **kwargs) -> ReSwinTransformer:
+    model = ReSwinTransformer(arch=TINY, init_cfg=dict(type='Pretrained', checkpoint=str(path)), **kwargs)
+    model.init_weights()
+    return model
+
+
+def _assert_weights_from_official(model, official):
+    own = model.state_dict()
+    assert torch.equal(own['stages.0.blocks.1.attn.qkv.weight'], official['layers.0.blocks.1.attn.qkv.weight'])
+    # official patch merging sits at the end of stage i, ours at the start of stage i + 1
+    assert torch.equal(own['stages.2.downsample.reduction.weight'],
+                       official['layers.1.downsample.reduction.weight'])
+    assert torch.equal(own['norm3.weight'], official['norm.weight'])
+
+
+@pytest.mark.parametrize('wrap', ['model', 'model_state_dict', 'raw'])
+def test_official_release_file(tmp_path, official, wrap, caplog):
+    if wrap == 'raw':
+        ckpt = official
+    else:  # the ReViT training script saves a DDP model: 'module.' prefixes
+        ckpt = {wrap: {f'module.{k}': v for k, v in official.items()}, 'epoch': 3}
+    torch.save(ckpt, tmp_path / 'reswin.pth')
+    model = _pretrained(tmp_path / 'reswin.pth')
+    _assert_weights_from_official(model, official)
+
+
+def test_load_report_names_new_and_ignored_keys(tmp_path, official):
+    from mmvisatt.checkpoint import load_pretrained
+    model = ReSwinTransformer(arch=TINY)
+    report = load_pretrained(model, {'model': official}, family='reswin', allow_missing=model.new_keys)
+    assert report.layout == 'official-swin'
+    assert sorted(report.missing) == ['alpha', 'norm0.bias', 'norm0.weight', 'norm1.bias', 'norm1.weight',
+                                      'norm2.bias', 'norm2.weight']
+    assert 'head.fc.weight' not in report.unexpected  # heads are not offered to the backbone
+    assert 'newly initialised' in report.summary()
+
+
+def test_timm_layout(tmp_path):
+    timm = pytest.importorskip('timm')
+    ref = timm.create_model('swin_tiny_patch4_window7_224', pretrained=False)
+    torch.save(ref.state_dict(), tmp_path / 'timm.pth')
+    model = ReSwinTransformer(arch='t', init_cfg=dict(type='Pretrained', checkpoint=str(tmp_path / 'timm.pth')))
+    model.init_weights()
+    assert torch.equal(model.state_dict()['stages.1.downsample.norm.weight'],
+                       ref.state_dict()['layers.1.downsample.norm.weight'])
+
+
+def test_mmdet_swin_layout_equals_mmdet_swin():
+    mmdet_swin = pytest.importorskip('mmdet.models.backbones.swin')
+    torch.manual_seed(0)
+    ref = mmdet_swin.SwinTransformer(embed_dims=16, depths=(2, 2, 2, 2), num_heads=(1, 2, 4, 8),
+                                     window_size=7, drop_path_rate=0.).double().eval()
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    converted, _, layout = convert_state_dict({f'backbone.{k}': v for k, v in ref.state_dict().items()})
+    assert layout == 'mmdet-swin'
+    model = ReSwinTransformer(arch=TINY).double().eval()
+    from mmvisatt.checkpoint import load_into
+    load_into(model, {k[9:]: v for k, v in converted.items() if k.startswith('backbone.')}, source='mmdet',
+              layout=layout, allow_missing=['alpha'])
+    with torch.no_grad():
+        model.alpha.fill_(1.0)
+        x = torch.randn(1, 3, 224, 224, dtype=torch.float64)
+        theirs, ours = ref(x), model(x)
+    # mmdet keeps shifting a map that fits one window (stage 4 at 224), Swin does not: compare stages 1-3
+    for a, b in list(zip(ours, theirs))[:3]:
+        assert ((a - b).abs().max() / b.abs().max()).item() < 1e-6
+
+
+def test_converter_tool_roundtrip(tmp_path, official):
+    torch.save({'model': official}, tmp_path / 'official.pth')
+    out = tmp_path / 'converted' / 'reswin_mm.pth'
+    result = subprocess.run([sys.executable, str(ROOT / 'tools/model_converters/convert.py'),
+                             str(tmp_path / 'official.pth'), str(out)], capture_output=True, text=True, check=True)
+    assert 'official-swin layout' in result.stdout
+    saved = torch.load(out, map_location='cpu', weights_only=True)
+    assert all(k.startswith(('backbone.', 'head.fc.')) for k in saved['state_dict'])
+    assert 'head.fc.weight' in saved['state_dict']
+    _assert_weights_from_official(_pretrained(out), official)
+
+
+def test_wrong_files_raise(tmp_path, official):
+    torch.save({'state_dict': {'conv1.weight': torch.zeros(8, 3, 7, 7), 'fc.weight': torch.zeros(10, 8)}},
+               tmp_path / 'resnet.pth')
+    with pytest.raises(CheckpointMismatchError, match='not recognised.*conv1.weight'):
+        _pretrained(tmp_path / 'resnet.pth')
+
+    truncated = {k: v for k, v in official.items() if not k.startswith('layers.3.')}
+    torch.save(truncated, tmp_path / 'truncated.pth')
+    with pytest.raises(CheckpointMismatchError, match=r'missing from the checkpoint: stages\.3\.blocks\.0'):
+        _pretrained(tmp_path / 'truncated.pth')
+
+    torch.save(official, tmp_path / 'tiny.pth')
+    with pytest.raises(CheckpointMismatchError, match='another shape'):
+        model = ReSwinTransformer(arch=dict(TINY, embed_dims=32),
+                                  init_cfg=dict(type='Pretrained', checkpoint=str(tmp_path / 'tiny.pth')))
+        model.init_weights()
+
+
+def test_missing_file_says_how_to_pass_one(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r'--cfg-options model\.backbone\.init_cfg\.checkpoint=PATH'):
+        _pretrained(tmp_path / 'nope.pth')
+
+
+def test_relative_position_table_is_resized(tmp_path, official):
+    torch.save(official, tmp_path / 'w7.pth')
+    model = _pretrained(tmp_path / 'w7.pth', window_size=12)
+    assert model.stages[0].blocks[0].attn.relative_position_bias_table.shape == (23 * 23, 1)
+
+
+def test_unwrap_handles_nesting_and_prefix():
+    sd = {'a': torch.zeros(1)}
+    assert unwrap_state_dict({'model_state': {'module.a': sd['a']}}).keys() == {'a'}
+    assert unwrap_state_dict({'state_dict': sd, 'meta': {}}).keys() == {'a'}
