@@ -70,7 +70,8 @@ def test_mmdet_swin_layout_equals_mmdet_swin():
     mmdet_swin = pytest.importorskip('mmdet.models.backbones.swin')
     torch.manual_seed(0)
     ref = mmdet_swin.SwinTransformer(embed_dims=16, depths=(2, 2, 2, 2), num_heads=(1, 2, 4, 8),
-                                     window_size=7, drop_path_rate=0.).double().eval()
+                                     window_size=7, drop_path_rate=0.).double()
+    ref.eval()  # mmdet's Swin.train() returns None, so no chaining
     with torch.no_grad():
         for p in ref.parameters():
             p.add_(torch.randn_like(p) * 0.05)

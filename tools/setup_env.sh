@@ -25,8 +25,6 @@ else
   py=$(command -v python3 || command -v python)
 fi
 pip=("$py" -m pip --disable-pip-version-check)
-# the machine-wide pip config names index folders that may be absent; their warnings are noise
-export PYTHONWARNINGS=ignore
 
 # A stamp of every input that changes what gets installed makes the second run a quick no-op check.
 stamp_src=$(cat "$repo"/requirements/*.txt "$repo/setup.py" "$0" | sha1sum | cut -c1-16)

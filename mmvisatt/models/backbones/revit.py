@@ -326,11 +326,11 @@ class ReSwinTransformer(BaseModule):
 _DROPPED = ('relative_position_index', 'attn_mask')
 
 
-def _mmdet_unfold_order(t: Tensor) -> Tensor:
-    """mmdet's Swin merges patches with nn.Unfold, which orders the four neighbours [0, 2, 1, 3] of Swin's."""
-    chunks = t.reshape(t.shape[0], 4, -1) if t.dim() == 2 else t.reshape(4, -1)
-    order = [0, 2, 1, 3]
-    return (chunks[:, order] if t.dim() == 2 else chunks[order]).reshape(t.shape)
+def _from_mmdet_unfold_order(t: Tensor) -> Tensor:
+    """mmdet's Swin merges patches with nn.Unfold: channel-major, neighbours in order [0, 2, 1, 3] of Swin's."""
+    channels = t.shape[-1] // 4
+    t = t.reshape(*t.shape[:-1], channels, 4).transpose(-1, -2)
+    return t[..., [0, 2, 1, 3], :].reshape(*t.shape[:-2], 4 * channels)
 
 
 @register_converter('reswin')
@@ -380,6 +380,6 @@ def _from_mmdet(inner: Dict[str, Tensor]) -> Dict[str, Tensor]:
         m = re.match(r'stages\.(\d+)\.downsample\.(.*)', key)
         if m:
             key = f'stages.{int(m.group(1)) + 1}.downsample.{m.group(2)}'
-            value = _mmdet_unfold_order(value)
+            value = _from_mmdet_unfold_order(value)
         out['backbone.' + key] = value
     return out
