@@ -33,8 +33,12 @@ class WindowScores(NamedTuple):
 def align_by_slot(prev: WindowScores, grid: WindowGrid, batch: int, num_heads: int) -> Tuple[Tensor, None]:
     """The official ReSwin alignment: nearest resize over the flattened (window, head) slots of each image."""
     N = grid.window_area
-    prev_scores = prev.scores.reshape(batch, 1, -1, N, N)
-    aligned = F.interpolate(prev_scores, size=(grid.num_windows * num_heads, N, N))
+    slots = prev.scores.reshape(batch, -1, N, N)
+    # The official code calls F.interpolate(size=...) on the scores; asking it for the source index of each slot
+    # once gives the identical selection as a gather, whose backward is far cheaper.
+    index = F.interpolate(torch.arange(slots.shape[1], dtype=torch.float64).view(1, 1, -1, 1, 1),
+                          size=(grid.num_windows * num_heads, 1, 1)).view(-1).long().to(slots.device)
+    aligned = slots.index_select(1, index)
     return aligned.reshape(batch * grid.num_windows, num_heads, N, N), None
 
 
