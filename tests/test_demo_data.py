@@ -56,9 +56,9 @@ def test_demo_data_root(monkeypatch, tmp_path):
     monkeypatch.setenv('MMVISATT_DATA_CACHE', str(tmp_path))
     assert demo_data_root() == str(tmp_path)
     assert demo._default_root('coco', dict(demo._DEFAULTS)) == str(
-        tmp_path / 'coco_v1')
+        tmp_path / 'coco_v2')
     assert demo._default_root('ade', dict(demo._DEFAULTS)) == str(
-        tmp_path / 'ade_v1')
+        tmp_path / 'ade_v2')
     monkeypatch.delenv('MMVISATT_DATA_CACHE')
     assert demo_data_root() == osp.join(
         osp.expanduser('~'), '.cache', 'mmvisatt', 'demo')
@@ -70,7 +70,7 @@ def test_non_default_args_get_their_own_cache(monkeypatch, tmp_path):
     b = prepare_demo_coco(num_train=2, num_val=1, img_size=64, seed=1)
     assert a != b
     assert osp.dirname(a) == str(tmp_path)
-    assert osp.basename(a).startswith('coco_v1-')
+    assert osp.basename(a).startswith('coco_v2-')
     assert sorted(os.listdir(tmp_path)) == sorted(
         [osp.basename(a), osp.basename(b)])  # no temporary dirs left
 
@@ -134,8 +134,9 @@ def test_coco_annotations(coco_root):
                                           img['width'])
             poly_area = float(mask_utils.area(mask_utils.merge(rles)))
             # Polygons run through boundary pixel centres, so they miss about
-            # half a pixel all around the mask.
-            assert ann['area'] - (w + h) - 4 <= poly_area <= ann['area'] * 1.02
+            # half a pixel all around the mask, and cut the corners of
+            # staircase edges (curves) a little more.
+            assert ann['area'] - 1.5 * (w + h) - 4 <= poly_area <= ann['area'] * 1.02
             # mmdet computes boxes from polygons in some transforms; they
             # must agree with the stored box to within a pixel.
             pts = np.concatenate(
