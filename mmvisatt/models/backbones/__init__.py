@@ -1,3 +1,3 @@
-from .revit import ReSwinTransformer
+from .revit import ReMViTv2, ReSwinTransformer, ReViT
 
-__all__ = ['ReSwinTransformer']
+__all__ = ['ReMViTv2', 'ReSwinTransformer', 'ReViT']

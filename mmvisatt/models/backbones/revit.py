@@ -2,11 +2,14 @@
 
 Each attention layer mixes its pre-softmax scores with the previous layer's,
 ``S_l = alpha * (q k^T / sqrt(d) + B) + (1 - alpha) * S_{l-1}``, with one learnable scalar ``alpha`` for the
-whole network. This file holds ReSwin (the idea on Swin's shifted-window attention); how scores are carried
-across windows and stages lives in :mod:`mmvisatt.models.layers.residual_attention`.
+whole network. This file holds the three bases of the paper: ReSwin (Swin's shifted-window attention), ReViT
+(plain ViT-B/16, with a ViTDet simple feature pyramid for dense tasks) and ReMViTv2 (MViTv2's pooling
+attention). How scores are carried across windows, stages and pooled grids lives in
+:mod:`mmvisatt.models.layers.residual_attention`.
 """
+import math
 import re
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Dict, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
@@ -19,7 +22,9 @@ from torch import Tensor
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from mmvisatt.checkpoint import load_pretrained, register_converter
-from ..layers.residual_attention import ALIGNERS, WindowScores, mix_scores
+from ..layers.pooling_attention import PoolingResidualAttention
+from ..layers.residual_attention import ALIGNERS, POOLED_ALIGNERS, PooledScores, WindowScores, mix_scores
+from ..layers.simple_pyramid import PYRAMID_SCALES, SimpleFeaturePyramid
 from ..layers.window import (WindowGrid, merge_windows, partition_windows, relative_position_index,
                              window_attention_mask)
 
@@ -158,23 +163,107 @@ class ReSwinStage(nn.Module):
 
 
 class PatchEmbed(nn.Module):
-    """Non-overlapping patch projection (conv k=s=patch) + LayerNorm, padding inputs to a multiple of the patch."""
+    """Conv patch projection to channels-last tokens, optionally followed by a LayerNorm.
 
-    def __init__(self, in_channels: int, embed_dims: int, patch_size: int):
+    Non-overlapping patches (``stride`` = ``patch_size``, no ``padding``; Swin, ViT) pad the input to a multiple
+    of the patch; overlapping ones (MViTv2's 7x7 stride-4 conv with padding 3) give ceil(H / stride) rows as is.
+    """
+
+    def __init__(self, in_channels: int, embed_dims: int, patch_size: int, stride: Optional[int] = None,
+                 padding: int = 0, norm: bool = True):
         super().__init__()
-        self.patch_size = patch_size
-        self.proj = nn.Conv2d(in_channels, embed_dims, patch_size, patch_size)
-        self.norm = nn.LayerNorm(embed_dims)
+        self.stride = stride or patch_size
+        self.pad_input = padding == 0 and self.stride == patch_size
+        self.proj = nn.Conv2d(in_channels, embed_dims, patch_size, self.stride, padding)
+        self.norm = nn.LayerNorm(embed_dims) if norm else nn.Identity()
 
     def forward(self, x: Tensor) -> Tensor:
-        """(B, C_in, H, W) -> (B, ceil(H/p), ceil(W/p), C)."""
-        p = self.patch_size
-        x = F.pad(x, (0, -x.shape[-1] % p, 0, -x.shape[-2] % p))
+        """(B, C_in, H, W) -> (B, ceil(H/stride), ceil(W/stride), C)."""
+        if self.pad_input:
+            s = self.stride
+            x = F.pad(x, (0, -x.shape[-1] % s, 0, -x.shape[-2] % s))
         return self.norm(self.proj(x).permute(0, 2, 3, 1))
 
 
+class _ResidualAttentionBackbone(BaseModule):
+    """What the ReViT-family backbones share: arch presets, input checks, ``train`` with frozen stages/norm_eval.
+
+    Subclasses set ``arch_zoo``, ``_arch_keys`` (keys an arch dict must have) and ``_arch_prefix`` (the
+    family-qualified preset prefix, e.g. ``'reswin'``), and implement ``_freeze_stages``.
+    """
+    arch_zoo: Dict[str, dict] = {}
+    _arch_keys: Tuple[str, ...] = ()
+    _arch_prefix = ''
+    _arch_aliases = {'tiny': 't', 'small': 's', 'base': 'b', 'large': 'l'}
+
+    @classmethod
+    def _resolve_arch(cls, arch: Union[str, dict]) -> dict:
+        if isinstance(arch, dict):
+            missing = set(cls._arch_keys) - set(arch)
+            if missing:
+                raise ValueError(f'arch dict needs {sorted(missing)}')
+            return dict(arch)
+        key = arch.lower()
+        for sep in '_-':
+            key = key.replace(cls._arch_prefix + sep, '')
+        key = cls._arch_aliases.get(key, key)
+        if key not in cls.arch_zoo:
+            names = [k for k, v in cls._arch_aliases.items() if v in cls.arch_zoo]
+            raise ValueError(f"Unknown {cls.__name__} arch '{arch}'; choose one of {sorted(cls.arch_zoo)} (or "
+                             f"{cls._arch_prefix}_{'/'.join(cls.arch_zoo)}, {'/'.join(names)}) or pass a dict.")
+        return dict(cls.arch_zoo[key])
+
+    @staticmethod
+    def _check_out_indices(out_indices: Sequence[int], num_outputs: int) -> Tuple[int, ...]:
+        if any(not -num_outputs <= i < num_outputs for i in out_indices):
+            raise ValueError(f'out_indices {tuple(out_indices)} out of range for {num_outputs} outputs')
+        return tuple(i % num_outputs for i in out_indices)
+
+    def _init_from_cfg(self, family: str) -> bool:
+        """Run a ``Pretrained`` (through the family converter and load report) or other mmengine ``init_cfg``.
+
+        Returns False when there is no ``init_cfg`` and the backbone should initialise itself.
+        """
+        if isinstance(self.init_cfg, dict) and self.init_cfg.get('type') == 'Pretrained':
+            load_pretrained(self, self.init_cfg['checkpoint'], family=family, allow_missing=self.new_keys)
+            self._is_init = True
+            return True
+        if self.init_cfg is not None:
+            super().init_weights()
+            return True
+        return False
+
+    def _check_input(self, x: Tensor) -> None:
+        if x.dim() != 4 or x.shape[1] != self.in_channels:
+            raise ValueError(f'{type(self).__name__} expects images of shape (B, {self.in_channels}, H, W), got '
+                             f'{tuple(x.shape)}; set in_channels={x.shape[1] if x.dim() == 4 else "?"} in the '
+                             f'backbone config if the data really has that many channels.')
+        if min(x.shape[-2:]) < self.patch_size:
+            raise ValueError(f'{type(self).__name__} needs images of at least {self.patch_size}x'
+                             f'{self.patch_size} pixels (its patch size), got {tuple(x.shape[-2:])}; '
+                             f'resize or pad the input.')
+
+    def _freeze_stages(self):
+        raise NotImplementedError
+
+    def _freeze(self, modules: Sequence[nn.Module]) -> None:
+        for module in modules:
+            module.eval()
+            for p in module.parameters():
+                p.requires_grad = False
+
+    def train(self, mode: bool = True):
+        super().train(mode)
+        self._freeze_stages()
+        if mode and self.norm_eval:
+            for m in self.modules():
+                if isinstance(m, (_BatchNorm, nn.GroupNorm, nn.LayerNorm)):
+                    m.eval()
+        return self
+
+
 @MODELS.register_module()
-class ReSwinTransformer(BaseModule):
+class ReSwinTransformer(_ResidualAttentionBackbone):
     """ReSwin: Swin Transformer with residual attention scores, as a multi-scale backbone.
 
     Args:
@@ -195,6 +284,8 @@ class ReSwinTransformer(BaseModule):
         's': dict(embed_dims=96, depths=(2, 2, 18, 2), num_heads=(3, 6, 12, 24)),
         'b': dict(embed_dims=128, depths=(2, 2, 18, 2), num_heads=(4, 8, 16, 32)),
     }
+    _arch_keys = ('embed_dims', 'depths', 'num_heads')
+    _arch_prefix = 'reswin'
     # Keys that foreign (official, timm, classification) checkpoints cannot have.
     new_keys = ('alpha', 'norm0.*', 'norm1.*', 'norm2.*')
 
@@ -242,27 +333,13 @@ class ReSwinTransformer(BaseModule):
 
     @classmethod
     def _resolve_arch(cls, arch: Union[str, dict]) -> dict:
-        if isinstance(arch, dict):
-            missing = {'embed_dims', 'depths', 'num_heads'} - set(arch)
-            if missing:
-                raise ValueError(f'arch dict needs {sorted(missing)}')
-            if len(arch['depths']) != len(arch['num_heads']):
-                raise ValueError('arch depths and num_heads must have one entry per stage')
-            return dict(arch)
-        key = arch.lower().replace('reswin_', '').replace('reswin-', '')
-        key = {'tiny': 't', 'small': 's', 'base': 'b'}.get(key, key)
-        if key not in cls.arch_zoo:
-            raise ValueError(f"Unknown ReSwinTransformer arch '{arch}'; choose one of "
-                             f"{sorted(cls.arch_zoo)} (or reswin_t/s/b, tiny/small/base) or pass a dict.")
-        return dict(cls.arch_zoo[key])
+        arch = super()._resolve_arch(arch)
+        if len(arch['depths']) != len(arch['num_heads']):
+            raise ValueError('arch depths and num_heads must have one entry per stage')
+        return arch
 
     def init_weights(self):
-        if isinstance(self.init_cfg, dict) and self.init_cfg.get('type') == 'Pretrained':
-            load_pretrained(self, self.init_cfg['checkpoint'], family='reswin', allow_missing=self.new_keys)
-            self._is_init = True
-            return
-        if self.init_cfg is not None:
-            super().init_weights()
+        if self._init_from_cfg('reswin'):
             return
         for m in self.modules():
             if isinstance(m, nn.Linear):
@@ -274,16 +351,6 @@ class ReSwinTransformer(BaseModule):
                 nn.init.zeros_(m.bias)
             elif isinstance(m, WindowResidualAttention):
                 trunc_normal_(m.relative_position_bias_table, std=.02)
-
-    def _check_input(self, x: Tensor) -> None:
-        if x.dim() != 4 or x.shape[1] != self.in_channels:
-            raise ValueError(f'{type(self).__name__} expects images of shape (B, {self.in_channels}, H, W), got '
-                             f'{tuple(x.shape)}; set in_channels={x.shape[1] if x.dim() == 4 else "?"} in the '
-                             f'backbone config if the data really has that many channels.')
-        if min(x.shape[-2:]) < self.patch_size:
-            raise ValueError(f'{type(self).__name__} needs images of at least {self.patch_size}x'
-                             f'{self.patch_size} pixels (its patch size), got {tuple(x.shape[-2:])}; '
-                             f'resize or pad the input.')
 
     def forward(self, x: Tensor) -> Tuple[Tensor, ...]:
         """(B, C, H, W) -> tuple of (B, C_i, ceil(H / 2**(i+2)), ceil(W / 2**(i+2))) for ``out_indices``."""
@@ -302,28 +369,338 @@ class ReSwinTransformer(BaseModule):
             return
         frozen = [self.patch_embed] + [self.stages[i] for i in range(min(self.frozen_stages, len(self.stages)))]
         frozen += [getattr(self, f'norm{i}') for i in range(self.frozen_stages) if i in self.out_indices]
-        for module in frozen:
-            module.eval()
-            for p in module.parameters():
-                p.requires_grad = False
+        self._freeze(frozen)
         if self.frozen_stages >= 1 and isinstance(self.alpha, nn.Parameter):
             # alpha is shared by every layer, so frozen stages stay frozen only if it does
             self.alpha.requires_grad = False
 
-    def train(self, mode: bool = True):
-        super().train(mode)
+
+# ---------------------------------------------------------------------------------------------------------
+# ReViT (plain ViT) and ReMViTv2 (MViTv2): global and pooling attention with residual scores.
+# ---------------------------------------------------------------------------------------------------------
+class ReViTBlock(nn.Module):
+    """Pre-norm transformer block with residual (pooling) attention: a ViT block, or an MViTv2 block with pooling.
+
+    Where the width changes (MViTv2 changes it inside attention), the shortcut is a linear projection of the
+    *normalised* input; where queries are strided, the shortcut is max-pooled with kernel stride + 1 (both as in
+    MViTv2).
+    """
+
+    def __init__(self, dim: int, dim_out: int, num_heads: int, mlp_ratio: float = 4., qkv_bias: bool = True,
+                 drop_path: float = 0., pool_kernel: Optional[Tuple[int, int]] = None,
+                 stride_q: Tuple[int, int] = (1, 1), stride_kv: Tuple[int, int] = (1, 1),
+                 rel_pos_size: Optional[int] = None, residual_pooling: bool = False, residual_mode: str = 'aligned'):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim, eps=1e-6)
+        self.attn = PoolingResidualAttention(dim, dim_out, num_heads, qkv_bias, pool_kernel, stride_q, stride_kv,
+                                             rel_pos_size, residual_pooling, residual_mode)
+        self.shortcut_proj = nn.Linear(dim, dim_out) if dim != dim_out else None
+        if math.prod(stride_q) > 1:
+            kernel = [s + 1 if s > 1 else s for s in stride_q]
+            self.shortcut_pool = nn.MaxPool2d(kernel, stride_q, [k // 2 for k in kernel])
+        else:
+            self.shortcut_pool = None
+        self.drop_path = DropPath(drop_path) if drop_path > 0. else nn.Identity()
+        self.norm2 = nn.LayerNorm(dim_out, eps=1e-6)
+        self.mlp = Mlp(dim_out, int(dim_out * mlp_ratio), act_layer=nn.GELU)
+
+    def forward(self, x: Tensor, residual: Optional[PooledScores],
+                alpha: Union[Tensor, float]) -> Tuple[Tensor, PooledScores]:
+        """x: (B, H, W, C) -> (B, H_q, W_q, C_out), plus this layer's mixed scores."""
+        x_norm = self.norm1(x)
+        out, scores = self.attn(x_norm, residual, alpha)
+        shortcut = x if self.shortcut_proj is None else self.shortcut_proj(x_norm)
+        if self.shortcut_pool is not None:
+            shortcut = self.shortcut_pool(shortcut.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)
+        x = shortcut + self.drop_path(out)
+        x = x + self.drop_path(self.mlp(self.norm2(x)))
+        return x, scores
+
+
+def _run_blocks(blocks: Sequence[nn.Module], x: Tensor, residual: Optional[PooledScores],
+                alpha: Union[Tensor, float], with_cp: bool) -> Tuple[Tensor, Optional[PooledScores]]:
+    for block in blocks:
+        if with_cp and x.requires_grad:
+            x, residual = cp.checkpoint(block, x, residual, alpha, use_reentrant=False)
+        else:
+            x, residual = block(x, residual, alpha)
+    return x, residual
+
+
+def _make_alpha(alpha_init: float, learnable: bool) -> Union[nn.Parameter, float]:
+    # One gate for the whole network, used raw (no sigmoid or clamp), as in the official code.
+    return nn.Parameter(torch.tensor([float(alpha_init)])) if learnable else float(alpha_init)
+
+
+def _init_transformer_weights(model: nn.Module) -> None:
+    for m in model.modules():
+        if isinstance(m, nn.Linear):
+            trunc_normal_(m.weight, std=.02)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.LayerNorm):
+            nn.init.ones_(m.weight)
+            nn.init.zeros_(m.bias)
+        elif isinstance(m, PoolingResidualAttention) and m.rel_pos_h is not None:
+            trunc_normal_(m.rel_pos_h, std=.02)
+            trunc_normal_(m.rel_pos_w, std=.02)
+
+
+@MODELS.register_module()
+class ReViT(_ResidualAttentionBackbone):
+    """ReViT: a plain ViT with residual attention scores, as a multi-scale backbone.
+
+    ReViT-B is ViT-B/16 without a class token (classification pools the mean token) plus one learnable
+    ``alpha``. All layers score the same token pairs, so the residual is mixed elementwise, head by head.
+    For dense tasks the last block's stride-16 map feeds ViTDet's simple feature pyramid
+    (:class:`~mmvisatt.models.layers.simple_pyramid.SimpleFeaturePyramid`): strides 4/8/16/32 with
+    ``num_features = [C/4, C/2, C, C]`` channels (192/384/768/768 for ReViT-B: the FPN ``in_channels``), each
+    through its own LayerNorm ``norm{i}``. ``norm2`` (stride 16) is the ViT's final norm and loads from it.
+
+    Args:
+        arch: 'b' (also 'revit_b', 'base') or a dict with ``embed_dims``, ``depth`` and ``num_heads``.
+        img_size: input size the position embedding is laid out for (224: 14x14 tokens); other inputs
+            interpolate it bicubically to their token grid.
+        patch_size: patch size and stride; inputs are padded to a multiple of it and outputs cropped back to
+            ceil(H / stride) rows.
+        alpha_init: initial value of the residual gate; ``learnable_alpha=False`` keeps it a constant.
+        out_indices: pyramid levels returned, 0..3 = strides 4/8/16/32 (for patch size 16).
+        frozen_stages: -1 freezes nothing; 0 the patch and position embeddings; n > 0 also the first n blocks
+            and alpha.
+        norm_eval: keep normalisation layers in eval mode while training. with_cp: checkpoint each block.
+    """
+    arch_zoo = {'b': dict(embed_dims=768, depth=12, num_heads=12)}
+    _arch_keys = ('embed_dims', 'depth', 'num_heads')
+    _arch_prefix = 'revit'
+    # Keys that official / timm (classification) checkpoints cannot have.
+    new_keys = ('alpha', 'norm0.*', 'norm1.*', 'norm3.*', 'pyramid.*')
+
+    def __init__(self, arch: Union[str, dict] = 'b', in_channels: int = 3, img_size: int = 224,
+                 patch_size: int = 16, mlp_ratio: float = 4., qkv_bias: bool = True, drop_path_rate: float = 0.1,
+                 alpha_init: float = 0.5, learnable_alpha: bool = True, out_indices: Sequence[int] = (0, 1, 2, 3),
+                 frozen_stages: int = -1, norm_eval: bool = False, with_cp: bool = False,
+                 init_cfg: Optional[dict] = None):
+        super().__init__(init_cfg=init_cfg)
+        arch = self._resolve_arch(arch)
+        dim, depth = arch['embed_dims'], arch['depth']
+        self.in_channels = in_channels
+        self.patch_size = patch_size
+        self.out_indices = self._check_out_indices(out_indices, len(PYRAMID_SCALES))
+        self.frozen_stages = frozen_stages
+        self.norm_eval = norm_eval
+        self.with_cp = with_cp
+
+        self.patch_embed = PatchEmbed(in_channels, dim, patch_size, norm=False)
+        self.pos_grid = (img_size // patch_size, img_size // patch_size)
+        self.pos_embed = nn.Parameter(torch.zeros(1, self.pos_grid[0] * self.pos_grid[1], dim))
+        self.alpha = _make_alpha(alpha_init, learnable_alpha)
+        rates = torch.linspace(0, drop_path_rate, depth, device='cpu').tolist()
+        self.blocks = nn.ModuleList([
+            ReViTBlock(dim, dim, arch['num_heads'], mlp_ratio, qkv_bias, drop_path=rates[i]) for i in range(depth)
+        ])
+        self.pyramid = SimpleFeaturePyramid(dim, self.out_indices)
+        self.num_features = self.pyramid.out_channels
+        for i in self.out_indices:
+            self.add_module(f'norm{i}', nn.LayerNorm(self.num_features[i], eps=1e-6))
         self._freeze_stages()
-        if mode and self.norm_eval:
-            for m in self.modules():
-                if isinstance(m, (_BatchNorm, nn.GroupNorm, nn.LayerNorm)):
-                    m.eval()
-        return self
+
+    def init_weights(self):
+        if self._init_from_cfg('revit'):
+            return
+        trunc_normal_(self.pos_embed, std=.02)
+        _init_transformer_weights(self)
+
+    def _position_embedding(self, height: int, width: int) -> Tensor:
+        """(1, height, width, C): the learned grid, bicubically resized for another token grid."""
+        pos = self.pos_embed.reshape(1, *self.pos_grid, -1)
+        if (height, width) != self.pos_grid:
+            pos = F.interpolate(pos.permute(0, 3, 1, 2), size=(height, width), mode='bicubic',
+                                align_corners=False).permute(0, 2, 3, 1)
+        return pos
+
+    def forward(self, x: Tensor) -> Tuple[Tensor, ...]:
+        """(B, C_in, H, W) -> tuple of (B, num_features[i], ceil(H / s_i), ceil(W / s_i)), s = 4/8/16/32."""
+        self._check_input(x)
+        H, W = x.shape[-2:]
+        x = self.patch_embed(x)
+        x = x + self._position_embedding(x.shape[1], x.shape[2])
+        x, _ = _run_blocks(self.blocks, x, None, self.alpha, self.with_cp)
+        levels = self.pyramid(x.permute(0, 3, 1, 2))
+        outs = []
+        for i in self.out_indices:
+            stride = self.patch_size / PYRAMID_SCALES[i]
+            level = levels[i][..., :math.ceil(H / stride), :math.ceil(W / stride)]
+            outs.append(getattr(self, f'norm{i}')(level.permute(0, 2, 3, 1)).permute(0, 3, 1, 2).contiguous())
+        return tuple(outs)
+
+    def _freeze_stages(self):
+        if self.frozen_stages < 0:
+            return
+        self.pos_embed.requires_grad = False
+        self._freeze([self.patch_embed, *self.blocks[:self.frozen_stages]])
+        if self.frozen_stages >= 1 and isinstance(self.alpha, nn.Parameter):
+            self.alpha.requires_grad = False
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        # Checkpoints trained at another resolution (e.g. 384: 24x24 tokens) carry another square grid.
+        key = prefix + 'pos_embed'
+        pos = state_dict.get(key)
+        if pos is not None and pos.dim() == 3 and pos.shape[1] != self.pos_embed.shape[1]:
+            side = math.isqrt(pos.shape[1])
+            if side * side == pos.shape[1]:
+                grid = pos.reshape(1, side, side, -1).permute(0, 3, 1, 2).float()
+                grid = F.interpolate(grid, size=self.pos_grid, mode='bicubic', align_corners=False)
+                state_dict[key] = grid.permute(0, 2, 3, 1).reshape(1, -1, pos.shape[-1]).to(pos.dtype)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+
+class ReMViTStage(nn.Module):
+    """A run of ReViT blocks at one resolution; the first block strides the queries and widens the channels."""
+
+    def __init__(self, blocks: Sequence[ReViTBlock], with_cp: bool = False):
+        super().__init__()
+        self.with_cp = with_cp
+        self.blocks = nn.ModuleList(blocks)
+
+    def forward(self, x: Tensor, residual: Optional[PooledScores],
+                alpha: Union[Tensor, float]) -> Tuple[Tensor, Optional[PooledScores]]:
+        """(B, H, W, C_in) -> (B, H', W', C)."""
+        return _run_blocks(self.blocks, x, residual, alpha, self.with_cp)
+
+
+def _per_stage(value: Union[int, Sequence[int]], num_stages: int, name: str) -> Tuple[int, ...]:
+    """An int is the first stage's value, doubled at every stage (MViTv2's rule); a sequence gives each stage's."""
+    if isinstance(value, int):
+        return tuple(value * 2 ** i for i in range(num_stages))
+    if len(value) != num_stages:
+        raise ValueError(f'arch {name} needs an int or one entry per stage ({num_stages}), got {value}')
+    return tuple(value)
+
+
+def _pair(value: Union[int, Sequence[int]]) -> Tuple[int, int]:
+    return (value, value) if isinstance(value, int) else tuple(value)
+
+
+@MODELS.register_module()
+class ReMViTv2(_ResidualAttentionBackbone):
+    """ReMViTv2: MViTv2 with residual attention scores, as a multi-scale backbone (outputs at strides 4/8/16/32).
+
+    Every block pools its queries (at stride 2 in the first block of stages 2-4, else 1) and its keys/values
+    (at the adaptive stride) with depthwise convolutions; the residual scores are brought onto each block's
+    query and key grids before the mix (``residual_mode``, see ``docs/residual_attention.md``). The outputs are
+    the last block of each stage through its own LayerNorm ``norm{i}``; ``norm3`` is MViTv2's final norm.
+
+    Args:
+        arch: 't', 's', 'b' (MViTv2-T/S/B shapes; also 'remvit_t', 'tiny', ...) or a dict with ``depths`` (blocks
+            per stage), ``embed_dims`` and ``num_heads`` (an int for the first stage, doubled per stage, or one
+            value per stage).
+        img_size: input size the relative-position tables are laid out for; other sizes interpolate them
+            linearly to the grids they meet (as mmpretrain does), so any input size works.
+        patch_cfg: the overlapping patch projection, default ``dict(kernel_size=7, stride=4, padding=3)``.
+        pool_kernel: kernel of the query/key/value pooling convolutions.
+        q_stride: query stride of the first block of every stage after the first.
+        adaptive_kv_stride: key/value stride of the first stage; divided by each query stride (at least 1).
+        rel_pos: decomposed relative positions. residual_pooling: add the pooled query to the attention output.
+        residual_mode: ``'aligned'`` (default) resamples the carried scores on the real (H, W) query and key
+            grids by their strides, for any input size; ``'official'`` reproduces ADiko1997/ReViT
+            ``model/attention.py`` (square-grid logic), which only runs on square maps with sides divisible by
+            the strides. Both give the same result there, e.g. at 224x224.
+        alpha_init, learnable_alpha: the residual gate (a constant when not learnable).
+        out_indices, frozen_stages, norm_eval, with_cp, drop_path_rate, init_cfg: as in ReSwinTransformer.
+    """
+    arch_zoo = {
+        't': dict(embed_dims=96, depths=(1, 2, 5, 2), num_heads=1),
+        's': dict(embed_dims=96, depths=(1, 2, 11, 2), num_heads=1),
+        'b': dict(embed_dims=96, depths=(2, 3, 16, 3), num_heads=1),
+    }
+    _arch_keys = ('embed_dims', 'depths', 'num_heads')
+    _arch_prefix = 'remvit'
+    new_keys = ('alpha', 'norm0.*', 'norm1.*', 'norm2.*')
+
+    def __init__(self, arch: Union[str, dict] = 't', in_channels: int = 3, img_size: int = 224,
+                 patch_cfg: Optional[dict] = None, mlp_ratio: float = 4., qkv_bias: bool = True,
+                 pool_kernel: Union[int, Sequence[int]] = 3, q_stride: Union[int, Sequence[int]] = 2,
+                 adaptive_kv_stride: Union[int, Sequence[int]] = 4, rel_pos: bool = True,
+                 residual_pooling: bool = True, drop_path_rate: float = 0.1, residual_mode: str = 'aligned',
+                 alpha_init: float = 0.5, learnable_alpha: bool = True, out_indices: Sequence[int] = (0, 1, 2, 3),
+                 frozen_stages: int = -1, norm_eval: bool = False, with_cp: bool = False,
+                 init_cfg: Optional[dict] = None):
+        super().__init__(init_cfg=init_cfg)
+        arch = self._resolve_arch(arch)
+        if residual_mode not in POOLED_ALIGNERS:
+            raise ValueError(f"residual_mode must be one of {sorted(POOLED_ALIGNERS)}, got '{residual_mode}'")
+        depths = tuple(arch['depths'])
+        num_stages = len(depths)
+        dims = _per_stage(arch['embed_dims'], num_stages, 'embed_dims')
+        heads = _per_stage(arch['num_heads'], num_stages, 'num_heads')
+        if any(d % h for d, h in zip(dims, heads)):
+            raise ValueError(f'arch embed_dims {dims} must be divisible by num_heads {heads} in every stage')
+        patch = {**dict(kernel_size=7, stride=4, padding=3), **(patch_cfg or {})}
+        self.in_channels = in_channels
+        self.patch_size = patch['stride']
+        self.residual_mode = residual_mode
+        self.out_indices = self._check_out_indices(out_indices, num_stages)
+        self.frozen_stages = frozen_stages
+        self.norm_eval = norm_eval
+        self.num_features = list(dims)
+
+        self.patch_embed = PatchEmbed(in_channels, dims[0], patch['kernel_size'], patch['stride'],
+                                      patch['padding'], norm=False)
+        self.alpha = _make_alpha(alpha_init, learnable_alpha)
+        kv_stride = _pair(adaptive_kv_stride)
+        side = img_size // patch['stride']  # the build-time grid fixes the relative-position table lengths
+        rates = iter(torch.linspace(0, drop_path_rate, sum(depths), device='cpu').tolist())
+        in_dim = dims[0]
+        self.stages = nn.ModuleList()
+        for i, depth in enumerate(depths):
+            blocks = []
+            for j in range(depth):
+                stride_q = _pair(q_stride) if i > 0 and j == 0 else (1, 1)
+                kv_stride = tuple(max(k // q, 1) for k, q in zip(kv_stride, stride_q))
+                rel_pos_size = 2 * max(side // stride_q[1], side // kv_stride[1]) - 1 if rel_pos else None
+                blocks.append(
+                    ReViTBlock(in_dim, dims[i], heads[i], mlp_ratio, qkv_bias, next(rates), _pair(pool_kernel),
+                               stride_q, kv_stride, rel_pos_size, residual_pooling, residual_mode))
+                side //= stride_q[1]
+                in_dim = dims[i]
+            self.stages.append(ReMViTStage(blocks, with_cp))
+        for i in self.out_indices:
+            self.add_module(f'norm{i}', nn.LayerNorm(dims[i], eps=1e-6))
+        self._freeze_stages()
+
+    def init_weights(self):
+        if self._init_from_cfg('remvit'):
+            return
+        _init_transformer_weights(self)
+
+    def forward(self, x: Tensor) -> Tuple[Tensor, ...]:
+        """(B, C_in, H, W) -> tuple of (B, num_features[i], ceil(H / 2**(i+2)), ceil(W / 2**(i+2)))."""
+        self._check_input(x)
+        x = self.patch_embed(x)
+        residual = None
+        outs = []
+        for i, stage in enumerate(self.stages):
+            x, residual = stage(x, residual, self.alpha)
+            if i in self.out_indices:
+                outs.append(getattr(self, f'norm{i}')(x).permute(0, 3, 1, 2).contiguous())
+        return tuple(outs)
+
+    def _freeze_stages(self):
+        if self.frozen_stages < 0:
+            return
+        frozen = [self.patch_embed, *self.stages[:self.frozen_stages]]
+        frozen += [getattr(self, f'norm{i}') for i in range(self.frozen_stages) if i in self.out_indices]
+        self._freeze(frozen)
+        if self.frozen_stages >= 1 and isinstance(self.alpha, nn.Parameter):
+            self.alpha.requires_grad = False
 
 
 # ---------------------------------------------------------------------------------------------------------
 # Checkpoints: official Swin / ReSwin release files, timm Swin, mmdet Swin and mmvisatt (mm-style) files.
 # ---------------------------------------------------------------------------------------------------------
 _DROPPED = ('relative_position_index', 'attn_mask')
+# MViTv2 layouts (timm, ReMViTv2) also have 'stages.0.blocks.0.attn.qkv.weight'; the bias table is Swin's own.
+_RESWIN_MM_KEY = 'stages.0.blocks.0.attn.relative_position_bias_table'
 
 
 def _from_mmdet_unfold_order(t: Tensor) -> Tensor:
@@ -340,12 +717,12 @@ def convert_reswin_checkpoint(state_dict) -> Optional[Tuple[Dict[str, Tensor], s
     if any(k.startswith('backbone.') for k in keys):
         inner = {k[len('backbone.'):]: v for k, v in state_dict.items() if k.startswith('backbone.')}
         heads = {k: v for k, v in state_dict.items() if k.startswith('head.')}
-        if 'stages.0.blocks.0.attn.qkv.weight' in inner:
+        if _RESWIN_MM_KEY in inner:
             return {**{'backbone.' + k: v for k, v in inner.items()}, **heads}, 'mmvisatt'
         if 'stages.0.blocks.0.attn.w_msa.qkv.weight' in inner:
             return _from_mmdet(inner), 'mmdet-swin'
         return None
-    if 'stages.0.blocks.0.attn.qkv.weight' in keys:
+    if _RESWIN_MM_KEY in keys:
         return {('' if k.startswith('head.') else 'backbone.') + k: v for k, v in state_dict.items()}, 'mmvisatt'
     if 'layers.0.blocks.0.attn.qkv.weight' not in keys:
         return None
@@ -382,4 +759,119 @@ def _from_mmdet(inner: Dict[str, Tensor]) -> Dict[str, Tensor]:
             key = f'stages.{int(m.group(1)) + 1}.downsample.{m.group(2)}'
             value = _from_mmdet_unfold_order(value)
         out['backbone.' + key] = value
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Checkpoints: official ReViT-B, timm ViT (-> ReViT); official MViTv2 / ReMViTv2, timm MViTv2 (-> ReMViTv2);
+# mmvisatt (mm-style) files of both.
+# ---------------------------------------------------------------------------------------------------------
+# A block with any of these is MViT-style pooling attention; plain ViT blocks have none.
+_POOLING_KEYS = ('attn.pool_q.weight', 'attn.pool_k.weight', 'attn.rel_pos_h')
+
+
+def _has_pooling(keys, block: str) -> bool:
+    return any(block + k in keys for k in _POOLING_KEYS)
+
+
+def _split_backbone(state_dict) -> Tuple[Dict[str, Tensor], Dict[str, Tensor]]:
+    inner = {k[len('backbone.'):]: v for k, v in state_dict.items() if k.startswith('backbone.')}
+    return inner, {k: v for k, v in state_dict.items() if k.startswith('head.')}
+
+
+def _as_mm(state_dict) -> Dict[str, Tensor]:
+    return {('' if k.startswith('head.') else 'backbone.') + k: v for k, v in state_dict.items()}
+
+
+def _is_plain_vit(keys) -> bool:
+    return 'blocks.0.attn.qkv.weight' in keys and 'pos_embed' in keys and not _has_pooling(keys, 'blocks.0.')
+
+
+def _head_key(key: str) -> str:
+    # official ReViT/MViTv2: head.projection.*, timm ViT: head.*, timm MViTv2 and mm-style: head.fc.*
+    return 'head.fc.' + key.split('.')[-1]
+
+
+@register_converter('revit')
+def convert_revit_checkpoint(state_dict) -> Optional[Tuple[Dict[str, Tensor], str]]:
+    """Official ReViT-B, timm ViT or mmvisatt keys -> mm-style ReViT keys.
+
+    timm ViTs have a class token: it is dropped and its row of the position embedding removed (ReViT pools the
+    mean token), so a timm ViT-B/16 initialises ReViT-B apart from ``alpha``. The final ``norm`` becomes
+    ``norm2``, the stride-16 output norm.
+    """
+    keys = set(state_dict)
+    if any(k.startswith('backbone.') for k in keys):
+        inner, heads = _split_backbone(state_dict)
+        if _is_plain_vit(inner) and 'norm.weight' not in inner:
+            return {**{'backbone.' + k: v for k, v in inner.items()}, **heads}, 'mmvisatt'
+        return None
+    if not _is_plain_vit(keys):
+        return None
+    if 'norm.weight' not in keys and 'cls_token' not in keys:
+        return _as_mm(state_dict), 'mmvisatt'
+    official = 'alpha' in keys or 'head.projection.weight' in keys
+    out = {}
+    for key, value in state_dict.items():
+        if key in ('cls_token', 'dist_token'):
+            continue
+        if key == 'pos_embed':
+            # rows before the square grid belong to the prefix (class / distillation) tokens
+            value = value[:, value.shape[1] - math.isqrt(value.shape[1]) ** 2:]
+        if key.startswith('head.'):
+            out[_head_key(key)] = value
+            continue
+        out['backbone.' + re.sub(r'^norm\.', 'norm2.', key)] = value
+    return out, 'official-revit' if official else 'timm-vit'
+
+
+@register_converter('remvit')
+def convert_remvit_checkpoint(state_dict) -> Optional[Tuple[Dict[str, Tensor], str]]:
+    """Official MViTv2 (``.pyth``) / ReMViTv2, timm MViTv2 or mmvisatt keys -> mm-style ReMViTv2 keys.
+
+    The official layout numbers blocks flatly (``blocks.{i}``); a stage starts at every block with a shortcut
+    projection ``blocks.{i}.proj`` (MViTv2 widens the channels where it strides the queries).
+    """
+    keys = set(state_dict)
+    if any(k.startswith('backbone.') for k in keys):
+        inner, heads = _split_backbone(state_dict)
+        if _has_pooling(inner, 'stages.0.blocks.0.') and 'norm.weight' not in inner:
+            return {**{'backbone.' + k: v for k, v in inner.items()}, **heads}, 'mmvisatt'
+        return None
+    if _has_pooling(keys, 'stages.0.blocks.0.'):
+        if 'norm.weight' not in keys and not any('.shortcut_proj_attn.' in k for k in keys):
+            return _as_mm(state_dict), 'mmvisatt'
+        return _from_timm_mvitv2(state_dict), 'timm-mvitv2'
+    if not _has_pooling(keys, 'blocks.0.'):
+        return None
+    num_blocks = 1 + max(int(k.split('.')[1]) for k in keys if k.startswith('blocks.'))
+    starts = [0] + [i for i in range(1, num_blocks) if f'blocks.{i}.proj.weight' in keys]
+    place = {}
+    for stage, (start, end) in enumerate(zip(starts, starts[1:] + [num_blocks])):
+        place.update({i: (stage, i - start) for i in range(start, end)})
+    out = {}
+    for key, value in state_dict.items():
+        if key.startswith('head.'):
+            out[_head_key(key)] = value
+            continue
+        m = re.match(r'blocks\.(\d+)\.(.*)', key)
+        if m:
+            stage, index = place[int(m.group(1))]
+            rest = re.sub(r'^proj\.', 'shortcut_proj.', m.group(2))
+            key = f'stages.{stage}.blocks.{index}.{rest}'
+        else:
+            key = re.sub(r'^norm\.', f'norm{len(starts) - 1}.', key)
+        out['backbone.' + key] = value
+    return out, 'official-remvit' if 'alpha' in keys else 'official-mvitv2'
+
+
+def _from_timm_mvitv2(state_dict) -> Dict[str, Tensor]:
+    num_stages = 1 + max(int(k.split('.')[1]) for k in state_dict if k.startswith('stages.'))
+    out = {}
+    for key, value in state_dict.items():
+        if key.startswith('head.'):
+            out[_head_key(key)] = value
+            continue
+        key = key.replace('.shortcut_proj_attn.', '.shortcut_proj.')
+        out['backbone.' + re.sub(r'^norm\.', f'norm{num_stages - 1}.', key)] = value
     return out

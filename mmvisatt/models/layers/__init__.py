@@ -1,8 +1,14 @@
-from .residual_attention import WindowScores, align_by_position, align_by_slot, mix_scores
+from .pooling_attention import PoolingResidualAttention, add_decomposed_rel_pos, relative_position_embeddings
+from .residual_attention import (PooledScores, TokenGrid, WindowScores, align_by_position, align_by_slot,
+                                 align_pooled_by_position, align_pooled_official, mix_scores, regrid_by_position)
+from .simple_pyramid import SimpleFeaturePyramid
 from .window import (WindowGrid, merge_windows, partition_windows, relative_position_index,
                      window_attention_mask, window_partition, window_reverse)
 
 __all__ = [
-    'WindowScores', 'align_by_position', 'align_by_slot', 'mix_scores', 'WindowGrid', 'merge_windows',
-    'partition_windows', 'relative_position_index', 'window_attention_mask', 'window_partition', 'window_reverse'
+    'PoolingResidualAttention', 'add_decomposed_rel_pos', 'relative_position_embeddings', 'PooledScores',
+    'TokenGrid', 'WindowScores', 'align_by_position', 'align_by_slot', 'align_pooled_by_position',
+    'align_pooled_official', 'mix_scores', 'regrid_by_position', 'SimpleFeaturePyramid', 'WindowGrid',
+    'merge_windows', 'partition_windows', 'relative_position_index', 'window_attention_mask', 'window_partition',
+    'window_reverse'
 ]

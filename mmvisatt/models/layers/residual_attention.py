@@ -11,9 +11,17 @@ previous layer's *mixed* score tensor, so the carried state is a moving average 
   score of the same pair of positions (averaged over the 2x2 children of each token after patch merging, and
   over heads when their number changes). Pairs the previous layer never scored (they sat in different windows)
   keep the plain current score. See ``docs/residual_attention.md`` for the reasoning.
+
+Pooling attention (MViTv2, and plain ViT as its unpooled case) scores all queries against all keys, but the query
+and key/value maps are pooled to strides that change from block to block, so ``S_{l-1}`` lives on other grids:
+
+* :func:`align_pooled_official` reproduces the official ReMViTv2 code (square-grid ``sqrt`` logic);
+* :func:`align_pooled_by_position` resamples the query and key axes on their real (H, W) grids by the ratio of
+  their strides. It gives the official numbers wherever the official code runs and extends it to any map size.
 """
+import math
 from functools import lru_cache
-from typing import NamedTuple, Optional, Tuple, Union
+from typing import Callable, NamedTuple, Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -124,3 +132,159 @@ def mix_scores(scores: Tensor, residual: Optional[Tensor], valid: Optional[Tenso
 
 
 ALIGNERS = {'official': align_by_slot, 'aligned': align_by_position}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Pooling attention (ReViT, ReMViTv2): every query scores every key, on grids pooled to per-block strides.
+# ---------------------------------------------------------------------------------------------------------
+class TokenGrid(NamedTuple):
+    """A row-major map of ``height`` x ``width`` tokens.
+
+    ``stride_h``/``stride_w`` are the token spacing in tokens of the first block's input map, so grids of
+    different blocks can be related by position: a token of a grid with 2x the stride stands for a 2x2 block of
+    tokens of the finer grid (the block its pooling window starts at).
+    """
+    height: int
+    width: int
+    stride_h: int = 1
+    stride_w: int = 1
+
+    @property
+    def size(self) -> Tuple[int, int]:
+        return self.height, self.width
+
+    @property
+    def num_tokens(self) -> int:
+        return self.height * self.width
+
+
+class PooledScores(NamedTuple):
+    """Mixed scores of one pooling-attention layer with the grids they were computed on.
+
+    ``scores``: (B, heads, q_grid.num_tokens, kv_grid.num_tokens).
+    """
+    scores: Tensor
+    q_grid: TokenGrid
+    kv_grid: TokenGrid
+
+
+GridOp = Callable[[Tensor], Tensor]
+
+
+def _on_query_axis(scores: Tensor, size: Tuple[int, int], op: GridOp) -> Tensor:
+    """Apply ``op`` ((N, C, H, W) -> (N, C, H', W')) to the query grid of (B, h, H*W, Nk) scores."""
+    B, h, _, Nk = scores.shape
+    out = op(scores.transpose(-1, -2).reshape(B * h, Nk, *size))
+    return out.reshape(B, h, Nk, -1).transpose(-1, -2)
+
+
+def _on_key_axis(scores: Tensor, size: Tuple[int, int], op: GridOp) -> Tensor:
+    """Apply ``op`` ((N, C, H, W) -> (N, C, H', W')) to the key grid of (B, h, Nq, H*W) scores."""
+    B, h, Nq, _ = scores.shape
+    return op(scores.reshape(B * h, Nq, *size)).reshape(B, h, Nq, -1)
+
+
+def _mean_heads_if_changed(scores: Tensor, num_heads: int) -> Tensor:
+    # Heads of different widths have no one-to-one correspondence; their mean broadcasts to all new heads.
+    return scores if scores.shape[1] == num_heads else scores.mean(dim=1, keepdim=True)
+
+
+def _pool_and_repeat(src: int, dst: int) -> Tuple[int, int]:
+    """Factors (pool, repeat) that take an axis of token spacing ``src`` to spacing ``dst``."""
+    if dst % src == 0:
+        return dst // src, 1
+    if src % dst == 0:
+        return 1, src // dst
+    raise ValueError(f'Cannot align residual scores between token strides {src} and {dst}: one must divide '
+                     f'the other.')
+
+
+def regrid_by_position(x: Tensor, src: TokenGrid, dst: TokenGrid) -> Tensor:
+    """(N, C, src.height, src.width) -> (N, C, dst.height, dst.width), each axis by its stride ratio.
+
+    Going coarser averages the block of finer tokens each coarse token stands for (a partial block at the bottom
+    or right border over the tokens that exist, as the ``ceil`` sizes of the pooled maps imply); going finer
+    copies a token to every token of its block.
+    """
+    pool_h, rep_h = _pool_and_repeat(src.stride_h, dst.stride_h)
+    pool_w, rep_w = _pool_and_repeat(src.stride_w, dst.stride_w)
+    if pool_h * pool_w > 1:
+        x = F.avg_pool2d(x, (pool_h, pool_w), (pool_h, pool_w), ceil_mode=True)
+    if rep_h > 1:
+        x = x.repeat_interleave(rep_h, dim=-2)
+    if rep_w > 1:
+        x = x.repeat_interleave(rep_w, dim=-1)
+    x = x[..., :dst.height, :dst.width]
+    if tuple(x.shape[-2:]) != dst.size:
+        raise ValueError(f'A {src.height}x{src.width} token map (stride {src.stride_h},{src.stride_w}) cannot be '
+                         f'aligned to a {dst.height}x{dst.width} map (stride {dst.stride_h},{dst.stride_w}): the '
+                         f'pooled map sizes must be ceil(size / stride), as odd pooling kernels with padding '
+                         f'kernel // 2 give.')
+    return x
+
+
+def align_pooled_by_position(prev: PooledScores, q_grid: TokenGrid, kv_grid: TokenGrid,
+                             num_heads: int) -> Tensor:
+    """Previous scores on the current query and key grids by image position: (B, heads or 1, Nq, Nk).
+
+    Queries and keys are resampled separately on their real (H, W) grids with :func:`regrid_by_position`, so
+    non-square maps, odd sizes and any pooling schedule work.
+    """
+    scores = _mean_heads_if_changed(prev.scores, num_heads)
+    if prev.q_grid != q_grid:
+        scores = _on_query_axis(scores, prev.q_grid.size, lambda x: regrid_by_position(x, prev.q_grid, q_grid))
+    if prev.kv_grid != kv_grid:
+        scores = _on_key_axis(scores, prev.kv_grid.size, lambda x: regrid_by_position(x, prev.kv_grid, kv_grid))
+    return scores
+
+
+_OFFICIAL_LIMITS = ("residual_mode='official' reproduces the official ReMViTv2 code, which handles only square "
+                    "token maps whose sides divide by the pooling strides (e.g. 224x224 inputs); use "
+                    "residual_mode='aligned' for other sizes")
+
+
+def _square_side(n: int) -> int:
+    side = math.isqrt(n)
+    if side * side != n:
+        raise ValueError(f'{_OFFICIAL_LIMITS} (got a map of {n} tokens).')
+    return side
+
+
+def _fit(x: Tensor, side: int) -> Tensor:
+    if tuple(x.shape[-2:]) != (side, side):
+        raise ValueError(f'{_OFFICIAL_LIMITS} (resampling gives {tuple(x.shape[-2:])}, not {(side, side)}).')
+    return x
+
+
+def align_pooled_official(prev: PooledScores, q_grid: TokenGrid, kv_grid: TokenGrid, num_heads: int) -> Tensor:
+    """The official ReMViTv2 alignment (ADiko1997/ReViT ``model/attention.py``), which sees token counts only.
+
+    After averaging heads on a head-count change, each axis whose count changed is viewed as a sqrt(N) x sqrt(N)
+    grid; a smaller query or key axis is average-pooled with kernel = stride = floor(sqrt(N_prev) / sqrt(N)), a
+    larger key axis repeated (nearest) by floor(sqrt(N) / sqrt(N_prev)). Raises ``ValueError`` where the official
+    code fails: non-square maps, pooled sizes that miss the target, a larger query axis.
+    """
+    scores = _mean_heads_if_changed(prev.scores, num_heads)
+    nq_prev, nk_prev = scores.shape[-2:]
+    nq, nk = q_grid.num_tokens, kv_grid.num_tokens
+    if (nq_prev, nk_prev) == (nq, nk):
+        return scores
+    if nq_prev < nq:
+        raise ValueError(f'{_OFFICIAL_LIMITS} (the query axis grows from {nq_prev} to {nq} tokens).')
+    if nq_prev > nq:
+        side, new = _square_side(nq_prev), _square_side(nq)
+        k = side // new
+        scores = _on_query_axis(scores, (side, side), lambda x: _fit(F.avg_pool2d(x, k, k), new))
+    if nk_prev != nk:
+        side, new = _square_side(nk_prev), _square_side(nk)
+        if nk_prev > nk:
+            k = side // new
+            op = lambda x: _fit(F.avg_pool2d(x, k, k), new)  # noqa: E731
+        else:
+            factor = float(new // side)
+            op = lambda x: _fit(F.interpolate(x, scale_factor=factor, mode='nearest'), new)  # noqa: E731
+        scores = _on_key_axis(scores, (side, side), op)
+    return scores
+
+
+POOLED_ALIGNERS = {'official': align_pooled_official, 'aligned': align_pooled_by_position}
