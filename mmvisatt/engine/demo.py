@@ -1,0 +1,249 @@
+"""``--demo``: run a detection or segmentation config on the generated demo data.
+
+The model and the recipe (optimizer type, parameter-wise decay rules, the shape of the lr schedule) stay those of
+the config; only the data, the image size, the number of classes, the schedule length, the learning rate and the
+backbone initialisation change, so a newcomer sees the real pipeline train, evaluate and save a checkpoint in
+minutes on a CPU. No ImageNet checkpoint can be fetched here, so the backbone starts from random weights.
+"""
+import copy
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+
+from mmengine.config import Config, ConfigDict
+from mmengine.logging import print_log
+
+
+@dataclass(frozen=True)
+class DemoSettings:
+    """What a demo run shrinks the config to.
+
+    The defaults train Mask R-CNN with a Swin-T-sized backbone from scratch on 2 CPU cores in about 5 minutes,
+    with 2 validations of 50 images on top (iteration 0 and the end); see ``tests/test_demo_train.py``.
+    """
+    img_size: int = 256
+    # RoIs sampled per image for the R-CNN heads. The recipes' 512 are sized for ~7 objects on 1333x800 images;
+    # scaled to 256x256 images with 1-4 objects 128 are plenty, and the mask head (4 convs over every positive
+    # RoI) otherwise dominates a CPU iteration.
+    rois_per_image: int = 128
+    # Test-time proposals and detections per image, scaled the same way (recipes: 1000 and 100). The mask head
+    # runs on every detection, so this sets the cost of a validation.
+    proposals_per_image: int = 300
+    dets_per_image: int = 20
+    max_iters: int = 150
+    warmup_iters: int = 25
+    lr: float = 2e-4
+    batch_size: int = 2
+    num_workers: int = 1
+    seed: int = 0
+
+
+# Position fields of a parameter scheduler, in the unit of its ``by_epoch``.
+_SCHEDULER_POSITIONS = ('begin', 'end', 'milestones', 'T_max', 'step_size')
+
+
+def _cfgs_at(model: ConfigDict, paths: Tuple[str, ...]) -> Iterator[ConfigDict]:
+    """Every config dict at the dotted ``paths`` of ``model``; a path may hold a list (cascade stages)."""
+    for path in paths:
+        node: Any = model
+        for key in path.split('.'):
+            node = node.get(key) if isinstance(node, dict) else None
+        for head in node if isinstance(node, list) else [node]:
+            if isinstance(head, dict):
+                yield head
+
+
+def set_num_classes(model: ConfigDict, num_classes: int, paths: Tuple[str, ...]) -> int:
+    """Set ``num_classes`` in every head under ``paths`` that has one; returns how many were set."""
+    heads = [h for h in _cfgs_at(model, paths) if 'num_classes' in h]
+    for head in heads:
+        head.num_classes = num_classes
+    return len(heads)
+
+
+def _original_length(cfg: Config) -> Tuple[Optional[float], Optional[float]]:
+    """(epochs, iterations) of the config's training run; the one its loop does not count is None."""
+    train_cfg = cfg.get('train_cfg') or {}
+    if train_cfg.get('by_epoch', 'max_epochs' in train_cfg):
+        return train_cfg.get('max_epochs'), None
+    return None, train_cfg.get('max_iters')
+
+
+def _rescale(value: Any, new_length: int, old_length: float) -> Any:
+    if isinstance(value, (list, tuple)):
+        return [_rescale(v, new_length, old_length) for v in value]
+    return max(1, round(value * new_length / old_length))
+
+
+def _is_warmup(scheduler: dict, index: int) -> bool:
+    return index == 0 and scheduler.get('type') in ('LinearLR', 'ConstantLR') and not scheduler.get('by_epoch', True)
+
+
+def shorten_schedule(cfg: Config, settings: DemoSettings) -> None:
+    """Make the run ``settings.max_iters`` iterations long, keeping the shape of its lr schedule.
+
+    A leading linear warmup becomes ``settings.warmup_iters`` long; every other scheduler is placed at the same
+    fraction of the new run as it had in the old one (so MultiStepLR at epochs 27/33 of 36 decays at 75% and 92%
+    of the demo, PolyLR still decays over the whole run). A scheduler whose position cannot be converted
+    (iteration-based inside an epoch-based run) is dropped, with a log line.
+    """
+    n = settings.max_iters
+    epochs, iters = _original_length(cfg)
+    schedulers: List[dict] = []
+    for i, sched in enumerate(copy.deepcopy(cfg.get('param_scheduler') or [])):
+        if _is_warmup(sched, i):
+            sched.update(begin=0, end=settings.warmup_iters)
+            schedulers.append(sched)
+            continue
+        length = epochs if sched.get('by_epoch', True) else iters
+        if not length:
+            print_log(f'demo: dropping param scheduler {sched.get("type")} (its position cannot be converted)',
+                      logger='current')
+            continue
+        for key in _SCHEDULER_POSITIONS:
+            if key in sched:
+                sched[key] = _rescale(sched[key], n, length)
+        sched.by_epoch = False
+        sched.pop('convert_to_iter_based', None)
+        schedulers.append(sched)
+    cfg.param_scheduler = schedulers
+    cfg.train_cfg = dict(type='IterBasedTrainLoop', max_iters=n, val_interval=n)
+    cfg.val_cfg = dict(type='ValLoop')
+    cfg.test_cfg = dict(type='TestLoop')
+    cfg.setdefault('default_hooks', ConfigDict())
+    cfg.default_hooks.checkpoint = dict(type='CheckpointHook', by_epoch=False, interval=n, max_keep_ckpts=1)
+    cfg.default_hooks.logger = dict(type='LoggerHook', interval=10)
+    cfg.log_processor = dict(type='LogProcessor', window_size=10, by_epoch=False)
+
+
+def _loader(dataset: dict, settings: DemoSettings, train: bool) -> dict:
+    loader = dict(batch_size=settings.batch_size if train else 1, num_workers=settings.num_workers,
+                  persistent_workers=settings.num_workers > 0, dataset=dataset,
+                  sampler=dict(type='DefaultSampler', shuffle=train))
+    if not train:
+        loader['drop_last'] = False
+    return loader
+
+
+def _detection_data(cfg: Config, settings: DemoSettings) -> None:
+    from mmvisatt.datasets import DEMO_COCO_CLASSES, prepare_demo_coco
+
+    root = prepare_demo_coco(img_size=settings.img_size)
+    heads = ('bbox_head', 'mask_head', 'roi_head.bbox_head', 'roi_head.mask_head')
+    if not set_num_classes(cfg.model, len(DEMO_COCO_CLASSES), heads):
+        raise ValueError(f'--demo: no num_classes found under model.{{{",".join(heads)}}}')
+    with_mask = any(True for _ in _cfgs_at(cfg.model, ('mask_head', 'roi_head.mask_head')))
+    for rcnn in _cfgs_at(cfg.model, ('train_cfg.rcnn',)):
+        if 'num' in rcnn.get('sampler', {}):
+            rcnn.sampler.num = settings.rois_per_image
+    for key, value in (('rpn', settings.proposals_per_image), ('rcnn', settings.dets_per_image)):
+        if 'max_per_img' in cfg.model.get('test_cfg', {}).get(key, {}):
+            cfg.model.test_cfg[key].max_per_img = value
+    scale = (settings.img_size, settings.img_size)
+    train_pipeline = [
+        dict(type='LoadImageFromFile'),
+        dict(type='LoadAnnotations', with_bbox=True, with_mask=with_mask),
+        dict(type='Resize', scale=scale, keep_ratio=True),
+        dict(type='RandomFlip', prob=0.5),
+        dict(type='PackDetInputs'),
+    ]
+    test_pipeline = [
+        dict(type='LoadImageFromFile'),
+        dict(type='Resize', scale=scale, keep_ratio=True),
+        dict(type='LoadAnnotations', with_bbox=True, with_mask=with_mask),
+        dict(type='PackDetInputs', meta_keys=('img_id', 'img_path', 'ori_shape', 'img_shape', 'scale_factor')),
+    ]
+
+    def dataset(split: str, pipeline: list) -> dict:
+        return dict(type='CocoDataset', data_root=root, ann_file=f'annotations/instances_{split}.json',
+                    data_prefix=dict(img=f'{split}/'), metainfo=dict(classes=DEMO_COCO_CLASSES),
+                    test_mode=split == 'val', pipeline=pipeline,
+                    **(dict(filter_cfg=dict(filter_empty_gt=True, min_size=32)) if split == 'train' else {}))
+
+    cfg.train_dataloader = _loader(dataset('train', train_pipeline), settings, train=True)
+    cfg.train_dataloader.batch_sampler = dict(type='AspectRatioBatchSampler')
+    cfg.val_dataloader = _loader(dataset('val', test_pipeline), settings, train=False)
+    cfg.test_dataloader = cfg.val_dataloader
+    cfg.val_evaluator = dict(type='CocoMetric', ann_file=f'{root}/annotations/instances_val.json',
+                             metric=['bbox', 'segm'] if with_mask else ['bbox'], format_only=False)
+    cfg.test_evaluator = cfg.val_evaluator
+
+
+def _segmentation_data(cfg: Config, settings: DemoSettings) -> None:
+    from mmvisatt.datasets import DEMO_ADE_CLASSES, prepare_demo_ade
+
+    root = prepare_demo_ade(img_size=settings.img_size)
+    heads = ('decode_head', 'auxiliary_head')
+    if not set_num_classes(cfg.model, len(DEMO_ADE_CLASSES), heads):
+        raise ValueError(f'--demo: no num_classes found under model.{{{",".join(heads)}}}')
+    scale = (settings.img_size, settings.img_size)
+    if cfg.model.get('data_preprocessor', {}).get('size') is not None:
+        cfg.model.data_preprocessor.size = scale
+    train_pipeline = [
+        dict(type='LoadImageFromFile'),
+        dict(type='LoadAnnotations'),
+        dict(type='Resize', scale=scale, keep_ratio=True),
+        dict(type='RandomFlip', prob=0.5),
+        dict(type='PackSegInputs'),
+    ]
+    test_pipeline = [
+        dict(type='LoadImageFromFile'),
+        dict(type='Resize', scale=scale, keep_ratio=True),
+        dict(type='LoadAnnotations'),
+        dict(type='PackSegInputs'),
+    ]
+
+    # mmseg's ADE20KDataset insists on ADE20K's own class names, hence the generic dataset with ADE conventions.
+    def dataset(folder: str, pipeline: list) -> dict:
+        return dict(type='BaseSegDataset', data_root=root, img_suffix='.jpg', seg_map_suffix='.png',
+                    reduce_zero_label=True, metainfo=dict(classes=DEMO_ADE_CLASSES), pipeline=pipeline,
+                    data_prefix=dict(img_path=f'images/{folder}', seg_map_path=f'annotations/{folder}'))
+
+    cfg.train_dataloader = _loader(dataset('training', train_pipeline), settings, train=True)
+    cfg.val_dataloader = _loader(dataset('validation', test_pipeline), settings, train=False)
+    cfg.test_dataloader = cfg.val_dataloader
+    cfg.val_evaluator = dict(type='IoUMetric', iou_metrics=['mIoU'])
+    cfg.test_evaluator = cfg.val_evaluator
+
+
+def describe_demo(cfg: Config) -> str:
+    """One line on what a demo run will do, read from the final config (after ``--cfg-options``)."""
+    loader, opt = cfg.train_dataloader, cfg.optim_wrapper.optimizer
+    warmup = next((s.end for i, s in enumerate(cfg.param_scheduler) if _is_warmup(s, i)), 0)
+    return (f'demo: {cfg.train_cfg.max_iters} iterations of {loader.batch_size} images from '
+            f'{loader.dataset.data_root}, {opt.type} lr {opt.lr:g} after {warmup} warmup iterations')
+
+
+# default_scope -> how that library's configs are pointed at the demo data
+DEMO_DATA: Dict[str, Callable[[Config, DemoSettings], None]] = {
+    'mmdet': _detection_data,
+    'mmseg': _segmentation_data,
+}
+
+
+def disable_pretrained(model: ConfigDict) -> None:
+    """Drop the backbone's ImageNet initialisation (nothing can be downloaded for the demo)."""
+    backbone = model.get('backbone') or {}
+    if backbone.get('init_cfg') is not None:
+        print_log(f'demo: backbone initialisation {backbone.init_cfg} disabled (no checkpoint can be downloaded '
+                  'here); the backbone starts from random weights', logger='current')
+        backbone.init_cfg = None
+
+
+def to_demo_config(cfg: Config, settings: DemoSettings = DemoSettings(), train: bool = True) -> Config:
+    """Point ``cfg`` at the demo data (in place) and, for training, shorten its schedule; returns ``cfg``.
+
+    Data are generated on first use; every rank may call this (generation is rank-safe and idempotent).
+    """
+    scope = cfg.get('default_scope')
+    if scope not in DEMO_DATA:
+        raise ValueError(f'--demo supports configs with default_scope in {sorted(DEMO_DATA)}, got {scope!r}')
+    DEMO_DATA[scope](cfg, settings)
+    disable_pretrained(cfg.model)
+    if train:
+        shorten_schedule(cfg, settings)
+        cfg.optim_wrapper.optimizer.lr = settings.lr
+        if cfg.get('auto_scale_lr'):
+            cfg.auto_scale_lr.enable = False
+        cfg.randomness = dict(seed=settings.seed)
+        cfg.custom_hooks = list(cfg.get('custom_hooks') or []) + [dict(type='EvalProgressHook')]
+    return cfg

@@ -1,0 +1,230 @@
+"""What ``tools/train.py`` and ``tools/test.py`` do; the scripts only call :func:`train_main` / :func:`test_main`.
+
+One pair of scripts serves mmdet, mmseg and mmpretrain configs: the library is chosen by the config's
+``default_scope``. Arguments follow mmdet's tools (``--resume`` with an optional path, ``--auto-scale-lr``, ...).
+"""
+import argparse
+import datetime
+import importlib
+import os
+import os.path as osp
+import sys
+from typing import Any, Callable, List, Optional, Sequence, Tuple
+
+import torch
+from mmengine.config import Config, ConfigDict, DictAction
+from mmengine.device import get_device
+from mmengine.logging import print_log
+from mmengine.runner import Runner
+
+from .checks import MissingCheckpointError, MissingDataError, check_data, check_pretrained
+from .demo import DemoSettings, describe_demo, to_demo_config
+
+LAUNCHERS = ('none', 'pytorch', 'slurm', 'mpi')
+
+
+def _common_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument('--work-dir', help='directory for logs and checkpoints '
+                        '(default: ./work_dirs/<config name>, with a _demo suffix for --demo)')
+    parser.add_argument('--demo', action='store_true',
+                        help='run on small generated data (no dataset or ImageNet checkpoint needed); the model '
+                        'and optimizer recipe stay those of the config')
+    parser.add_argument('--cfg-options', nargs='+', action=DictAction,
+                        help='override config settings, e.g. train_dataloader.batch_size=4 '
+                        'model.backbone.init_cfg.checkpoint=PATH; lists as key="[a,b]"; applied after --demo')
+    parser.add_argument('--launcher', choices=LAUNCHERS, default='none', help='job launcher')
+    parser.add_argument('--local_rank', '--local-rank', type=int, default=0, help=argparse.SUPPRESS)
+
+
+def parse_train_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description='Train a detector or segmentor with an mmvisatt backbone')
+    parser.add_argument('config', help='config file')
+    parser.add_argument('--amp', action='store_true', help='automatic mixed precision (needs a GPU)')
+    parser.add_argument('--auto-scale-lr', action='store_true',
+                        help='scale the lr by (GPUs x batch per GPU) / auto_scale_lr.base_batch_size')
+    parser.add_argument('--resume', nargs='?', const='auto', metavar='PATH',
+                        help='resume from PATH, or (bare --resume) from the latest checkpoint in the work dir')
+    _common_args(parser)
+    return _finish(parser.parse_args(argv))
+
+
+def parse_test_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description='Evaluate a checkpoint on the test set of a config')
+    parser.add_argument('config', help='config file')
+    parser.add_argument('checkpoint', help='checkpoint file')
+    parser.add_argument('--out', help='mmdet: dump raw predictions to this .pkl file; '
+                        'mmseg: save predicted maps to this directory')
+    parser.add_argument('--show-dir', help='save drawn predictions to this directory (inside the work dir)')
+    _common_args(parser)
+    return _finish(parser.parse_args(argv))
+
+
+def _finish(args: argparse.Namespace) -> argparse.Namespace:
+    # torchrun passes LOCAL_RANK in the environment; torch.distributed.launch passes --local-rank
+    os.environ.setdefault('LOCAL_RANK', str(args.local_rank))
+    return args
+
+
+def import_task_library(cfg: Config) -> str:
+    """Import and register the OpenMMLab library named by ``cfg.default_scope``, as its own tools do."""
+    scope = cfg.get('default_scope')
+    if scope not in ('mmdet', 'mmseg', 'mmpretrain'):
+        raise ValueError(f"default_scope must be 'mmdet', 'mmseg' or 'mmpretrain', got {scope!r}")
+    utils = importlib.import_module(f'{scope}.utils')
+    utils.register_all_modules(init_default_scope=False)
+    if hasattr(utils, 'setup_cache_size_limit_of_dynamo'):
+        utils.setup_cache_size_limit_of_dynamo()
+    return scope
+
+
+def load_config(args: argparse.Namespace, train: bool) -> Config:
+    """The config with ``--demo``, ``--cfg-options`` (after the demo, so they can adjust it), ``--work-dir`` and
+    ``--launcher`` applied."""
+    cfg = Config.fromfile(args.config)
+    if args.demo:
+        to_demo_config(cfg, DemoSettings(), train=train)
+    if args.cfg_options:
+        cfg.merge_from_dict(args.cfg_options)
+    if args.demo and train:
+        print_log(describe_demo(cfg), logger='current')
+    cfg.launcher = args.launcher
+    if args.work_dir:
+        cfg.work_dir = args.work_dir
+    elif cfg.get('work_dir') is None:
+        name = osp.splitext(osp.basename(args.config))[0]
+        cfg.work_dir = osp.join('./work_dirs', name + ('_demo' if args.demo else ''))
+    return cfg
+
+
+def apply_train_args(cfg: Config, args: argparse.Namespace) -> Config:
+    """``--amp``, ``--auto-scale-lr`` and ``--resume``, with mmdet's semantics."""
+    if args.amp:
+        if get_device() == 'cpu':
+            raise RuntimeError('--amp needs a GPU (mmengine\'s AmpOptimWrapper does not run on CPU)')
+        cfg.optim_wrapper.type = 'AmpOptimWrapper'
+        cfg.optim_wrapper.setdefault('loss_scale', 'dynamic')
+    if args.auto_scale_lr:
+        scale_cfg = cfg.get('auto_scale_lr') or {}
+        if 'enable' not in scale_cfg or 'base_batch_size' not in scale_cfg:
+            raise RuntimeError('--auto-scale-lr needs auto_scale_lr=dict(enable=..., base_batch_size=...) '
+                               'in the config')
+        cfg.auto_scale_lr.enable = True
+    if args.resume == 'auto':
+        cfg.resume, cfg.load_from = True, None
+    elif args.resume is not None:
+        cfg.resume, cfg.load_from = True, args.resume
+    return cfg
+
+
+def _replace_sync_bn(node: Any) -> int:
+    count = 0
+    if isinstance(node, dict):
+        if node.get('type') in ('SyncBN', 'MMSyncBN'):
+            node['type'] = 'BN'
+            count += 1
+        count += sum(_replace_sync_bn(v) for v in node.values())
+    elif isinstance(node, list):
+        count += sum(_replace_sync_bn(v) for v in node)
+    return count
+
+
+def setup_distributed(cfg: Config) -> None:
+    """Pick the process-group backend: nccl with CUDA, gloo without.
+
+    On a machine without an accelerator, mmengine 0.10.7 cannot start a ``pytorch``-launched job by itself: its
+    ``init_dist`` calls ``torch.cuda.set_device`` and its DDP wrapper passes ``device_ids=[LOCAL_RANK]``. So for
+    CPU the process group is created here (mmengine then skips its own initialisation), DDP gets
+    ``device_ids=None``, and SyncBN, which has no CPU kernel, becomes BN.
+    """
+    env_cfg = cfg.setdefault('env_cfg', ConfigDict())
+    dist_cfg = env_cfg.setdefault('dist_cfg', ConfigDict())
+    if torch.cuda.is_available():
+        dist_cfg.setdefault('backend', 'nccl')
+        return
+    if dist_cfg.get('backend', 'nccl') == 'nccl':
+        dist_cfg.backend = 'gloo'
+    if cfg.launcher == 'none' or get_device() != 'cpu':
+        return
+    if cfg.launcher != 'pytorch':
+        raise RuntimeError(f'CPU distributed runs are supported with --launcher pytorch (tools/dist_train.sh), '
+                           f'not {cfg.launcher!r}')
+    if not torch.distributed.is_initialized():
+        kwargs = {}
+        if dist_cfg.get('timeout') is not None:
+            kwargs['timeout'] = datetime.timedelta(seconds=dist_cfg.timeout)
+        torch.distributed.init_process_group(backend=dist_cfg.backend, **kwargs)
+    wrapper = cfg.setdefault('model_wrapper_cfg', ConfigDict(type='MMDistributedDataParallel'))
+    wrapper.setdefault('device_ids', None)
+    wrapper.setdefault('broadcast_buffers', False)
+    wrapper.setdefault('find_unused_parameters', cfg.get('find_unused_parameters', False))
+    if _replace_sync_bn(cfg.model):
+        print_log('SyncBN has no CPU implementation: using BN (per-process batch statistics)', logger='current')
+
+
+def build_runner(cfg: Config, scope: str) -> Runner:
+    if 'runner_type' in cfg:
+        return importlib.import_module(f'{scope}.registry').RUNNERS.build(cfg)
+    return Runner.from_cfg(cfg)
+
+
+def prepare_train(argv: Optional[Sequence[str]] = None) -> Config:
+    """Parse ``argv`` and return the ready-to-run training config (all pre-flight checks passed)."""
+    args = parse_train_args(argv)
+    cfg = apply_train_args(load_config(args, train=True), args)
+    check_data(cfg, ('train_dataloader', 'val_dataloader'))
+    # the Runner initialises weights before it loads or resumes, so the file is needed in every case
+    check_pretrained(cfg)
+    return cfg
+
+
+def train_main(argv: Optional[Sequence[str]] = None) -> Runner:
+    cfg = prepare_train(argv)
+    scope = import_task_library(cfg)
+    setup_distributed(cfg)
+    runner = build_runner(cfg, scope)
+    runner.train()
+    return runner
+
+
+def prepare_test(argv: Optional[Sequence[str]] = None) -> Tuple[Config, argparse.Namespace]:
+    """Parse ``argv`` and return the ready-to-run test config (all pre-flight checks passed) and the arguments."""
+    args = parse_test_args(argv)
+    cfg = load_config(args, train=False)
+    if '://' not in args.checkpoint and not osp.isfile(args.checkpoint):
+        raise FileNotFoundError(f'checkpoint not found: {args.checkpoint}')
+    cfg.load_from = args.checkpoint
+    check_data(cfg, ('test_dataloader',))
+    scope = cfg.get('default_scope')
+    if args.show_dir:
+        cfg.default_hooks.visualization.draw = True
+        if scope == 'mmdet':
+            cfg.default_hooks.visualization.test_out_dir = args.show_dir
+        else:
+            cfg.visualizer.save_dir = args.show_dir
+    if args.out and scope == 'mmseg':
+        cfg.test_evaluator.update(output_dir=args.out, keep_results=True)
+    return cfg, args
+
+
+def test_main(argv: Optional[Sequence[str]] = None) -> dict:
+    cfg, args = prepare_test(argv)
+    scope = import_task_library(cfg)
+    setup_distributed(cfg)
+    runner = build_runner(cfg, scope)
+    if args.out and scope == 'mmdet':
+        from mmdet.evaluation import DumpDetResults
+        runner.test_evaluator.metrics.append(DumpDetResults(out_file_path=args.out))
+    return runner.test()
+
+
+def run_tool(main: Callable[[Optional[Sequence[str]]], Any], argv: Optional[Sequence[str]] = None) -> None:
+    """Run ``main`` as a command: a missing dataset or checkpoint ends it with its message, not a traceback."""
+    try:
+        main(argv)
+    except (MissingDataError, MissingCheckpointError) as error:
+        sys.exit(f'error: {error}')
+
+
+__all__: List[str] = ['run_tool', 'parse_train_args', 'parse_test_args', 'load_config', 'apply_train_args',
+                      'import_task_library', 'setup_distributed', 'prepare_train', 'train_main',
+                      'prepare_test', 'test_main']

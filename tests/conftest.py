@@ -1,0 +1,32 @@
+"""Shared pytest set-up: the ``slow`` marker and a shrunk copy of the detection recipe for fast training tests."""
+import os.path as osp
+import sys
+
+import pytest
+
+REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
+CONFIGS = osp.join(REPO, 'configs')
+
+
+def pytest_configure(config):
+    config.addinivalue_line('markers', 'slow: takes minutes (end-to-end training, several processes); '
+                            'still part of the suite, deselect with -m "not slow" for a quick pass')
+
+
+@pytest.fixture(scope='session')
+def tiny_det_config(tmp_path_factory) -> str:
+    """``mask_rcnn_reswin_t_3x.py`` with a one-block-per-stage, 16-channel ReSwin: same types and recipe,
+    a fraction of the compute. Use it with ``--demo``."""
+    path = tmp_path_factory.mktemp('configs') / 'mask_rcnn_reswin_tiny.py'
+    path.write_text(
+        f"_base_ = [{osp.join(CONFIGS, 'mask_rcnn_reswin_t_3x.py')!r}]\n"
+        "model = dict(\n"
+        "    backbone=dict(arch=dict(_delete_=True, embed_dims=16, depths=(1, 1, 1, 1), num_heads=(1, 1, 2, 2))),\n"
+        "    neck=dict(in_channels=[16, 32, 64, 128]))\n")
+    return str(path)
+
+
+@pytest.fixture
+def python() -> str:
+    """The interpreter running the tests, for subprocesses."""
+    return sys.executable

@@ -1,0 +1,193 @@
+"""The logic behind tools/train.py and tools/test.py: argument semantics, pre-flight checks, the --demo transform."""
+import os.path as osp
+
+import pytest
+from mmengine.config import Config
+from mmengine.registry import DefaultScope
+
+from conftest import CONFIGS
+from mmvisatt.datasets import DEMO_ADE_CLASSES, DEMO_COCO_CLASSES
+from mmvisatt.engine import DemoSettings, prepare_test, prepare_train, to_demo_config
+from mmvisatt.engine.checks import MissingCheckpointError, MissingDataError
+from mmvisatt.engine.entrypoints import setup_distributed
+
+MASK_3X = osp.join(CONFIGS, 'mask_rcnn_reswin_t_3x.py')
+CASCADE_3X = osp.join(CONFIGS, 'cascade_mask_rcnn_reswin_t_3x.py')
+
+
+@pytest.fixture
+def fake_coco(tmp_path, monkeypatch):
+    """Run from a directory holding an (empty) COCO layout, as if the dataset were downloaded."""
+    for path in ('annotations/instances_train2017.json', 'annotations/instances_val2017.json'):
+        (tmp_path / 'data/coco' / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / 'data/coco' / path).write_text('{}')
+    for folder in ('train2017', 'val2017'):
+        (tmp_path / 'data/coco' / folder).mkdir()
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+@pytest.fixture
+def fake_checkpoint(fake_coco):
+    path = fake_coco / 'checkpoints/reswin_tiny_patch4_window7_224.pth'
+    path.parent.mkdir()
+    path.write_bytes(b'')
+    return path
+
+
+def test_missing_data_says_where_coco_goes(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(MissingDataError) as error:
+        prepare_train([MASK_3X])
+    message = str(error.value)
+    for expected in ('COCO', 'data/coco/annotations/instances_train2017.json', 'data/coco/train2017/',
+                     'data/coco/val2017/', 'cocodataset.org', '--demo'):
+        assert expected in message, (expected, message)
+
+
+def test_missing_checkpoint_says_where_to_get_it(fake_coco):
+    with pytest.raises(MissingCheckpointError) as error:
+        prepare_train([MASK_3X])
+    message = str(error.value)
+    for expected in ('checkpoints/reswin_tiny_patch4_window7_224.pth', 'ADiko1997/ReViT',
+                     'swin_tiny_patch4_window7_224.pth', '--cfg-options model.backbone.init_cfg.checkpoint=PATH'):
+        assert expected in message, (expected, message)
+
+
+def test_checkpoint_given_on_the_command_line(fake_coco, tmp_path):
+    other = tmp_path / 'swin_tiny_patch4_window7_224.pth'
+    other.write_bytes(b'')
+    cfg = prepare_train([MASK_3X, '--cfg-options', f'model.backbone.init_cfg.checkpoint={other}'])
+    assert cfg.model.backbone.init_cfg.checkpoint == str(other)
+
+
+def test_cfg_options_and_work_dir(fake_checkpoint):
+    cfg = prepare_train([MASK_3X, '--cfg-options', 'train_dataloader.batch_size=4', 'optim_wrapper.optimizer.lr=3e-4',
+                         'model.backbone.drop_path_rate=0.1', 'param_scheduler.1.milestones=[20,30]'])
+    assert cfg.train_dataloader.batch_size == 4
+    assert cfg.optim_wrapper.optimizer.lr == pytest.approx(3e-4)
+    assert cfg.optim_wrapper.optimizer.weight_decay == pytest.approx(0.05)  # the rest of the recipe is kept
+    assert cfg.model.backbone.drop_path_rate == pytest.approx(0.1)
+    assert cfg.param_scheduler[1].milestones == [20, 30]
+    assert cfg.work_dir == './work_dirs/mask_rcnn_reswin_t_3x'
+    assert prepare_train([MASK_3X, '--work-dir', 'elsewhere']).work_dir == 'elsewhere'
+
+
+def test_resume_semantics(fake_checkpoint):
+    cfg = prepare_train([MASK_3X])
+    assert cfg.resume is False and cfg.load_from is None
+    cfg = prepare_train([MASK_3X, '--resume'])
+    assert cfg.resume is True and cfg.load_from is None  # latest checkpoint of the work dir
+    cfg = prepare_train([MASK_3X, '--resume', 'some/iter_8.pth'])
+    assert cfg.resume is True and cfg.load_from == 'some/iter_8.pth'
+
+
+def test_auto_scale_lr(fake_checkpoint, tmp_path):
+    assert prepare_train([MASK_3X]).auto_scale_lr == dict(enable=False, base_batch_size=16)
+    assert prepare_train([MASK_3X, '--auto-scale-lr']).auto_scale_lr == dict(enable=True, base_batch_size=16)
+    with pytest.raises(RuntimeError, match='auto_scale_lr'):
+        prepare_train([MASK_3X, '--auto-scale-lr', '--cfg-options', 'auto_scale_lr=None'])
+
+
+def test_amp_needs_a_gpu(fake_checkpoint):
+    import torch
+    if torch.cuda.is_available():
+        assert prepare_train([MASK_3X, '--amp']).optim_wrapper.type == 'AmpOptimWrapper'
+    else:
+        with pytest.raises(RuntimeError, match='--amp needs a GPU'):
+            prepare_train([MASK_3X, '--amp'])
+
+
+def test_launcher_and_cpu_backend(fake_checkpoint):
+    import torch
+    cfg = prepare_train([MASK_3X, '--launcher', 'none'])
+    assert cfg.launcher == 'none'
+    setup_distributed(cfg)
+    assert cfg.env_cfg.dist_cfg.backend == ('nccl' if torch.cuda.is_available() else 'gloo')
+
+
+def test_demo_transform_mask_rcnn(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no data/coco and no checkpoints/ here: the demo needs neither
+    cfg = prepare_train([MASK_3X, '--demo'])
+    heads = cfg.model.roi_head
+    assert heads.bbox_head.num_classes == heads.mask_head.num_classes == len(DEMO_COCO_CLASSES) == 3
+    assert cfg.model.backbone.init_cfg is None
+    assert cfg.model.backbone.type == 'ReSwinTransformer' and cfg.model.backbone.drop_path_rate == 0.2
+    # RoI counts scaled down with the images
+    settings = DemoSettings()
+    assert cfg.model.train_cfg.rcnn.sampler.num == settings.rois_per_image
+    assert cfg.model.test_cfg.rpn.max_per_img == settings.proposals_per_image
+    assert cfg.model.test_cfg.rcnn.max_per_img == settings.dets_per_image
+    for loader in (cfg.train_dataloader, cfg.val_dataloader, cfg.test_dataloader):
+        dataset = loader.dataset
+        assert dataset.type == 'CocoDataset' and dataset.metainfo == dict(classes=DEMO_COCO_CLASSES)
+        assert osp.isfile(osp.join(dataset.data_root, dataset.ann_file))
+    assert cfg.val_evaluator.metric == ['bbox', 'segm']
+    assert osp.isfile(cfg.val_evaluator.ann_file)
+    # same recipe, short iteration-based schedule
+    assert cfg.optim_wrapper.optimizer.type == 'AdamW'
+    assert cfg.optim_wrapper.paramwise_cfg.custom_keys.alpha == dict(decay_mult=0.)
+    assert cfg.train_cfg.type == 'IterBasedTrainLoop' and cfg.train_cfg.max_iters <= 300
+    warmup, steps = cfg.param_scheduler
+    assert warmup.type == 'LinearLR' and warmup.end < cfg.train_cfg.max_iters
+    n = cfg.train_cfg.max_iters
+    assert steps.type == 'MultiStepLR' and not steps.by_epoch
+    assert steps.milestones == [round(27 * n / 36), round(33 * n / 36)] and steps.end == n
+    assert any(h.type == 'EvalProgressHook' for h in cfg.custom_hooks)
+    assert cfg.work_dir == './work_dirs/mask_rcnn_reswin_t_3x_demo'
+
+
+def test_demo_transform_cascade_and_overrides(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cfg = prepare_train([CASCADE_3X, '--demo', '--cfg-options', 'train_cfg.max_iters=5',
+                         'optim_wrapper.optimizer.lr=1e-3'])
+    assert [h.num_classes for h in cfg.model.roi_head.bbox_head] == [3, 3, 3]
+    assert cfg.model.roi_head.mask_head.num_classes == 3
+    assert [r.sampler.num for r in cfg.model.train_cfg.rcnn] == [DemoSettings().rois_per_image] * 3
+    # --cfg-options apply after --demo, so they can shorten it further
+    assert cfg.train_cfg.max_iters == 5 and cfg.optim_wrapper.optimizer.lr == pytest.approx(1e-3)
+
+
+def test_demo_test_config(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    ckpt = tmp_path / 'model.pth'
+    ckpt.write_bytes(b'')
+    cfg, _ = prepare_test([MASK_3X, str(ckpt), '--demo'])
+    assert cfg.load_from == str(ckpt) and cfg.model.roi_head.bbox_head.num_classes == 3
+    assert cfg.test_dataloader.dataset.ann_file == 'annotations/instances_val.json'
+    with pytest.raises(MissingDataError):
+        prepare_test([MASK_3X, str(ckpt)])
+    with pytest.raises(FileNotFoundError, match='checkpoint not found'):
+        prepare_test([MASK_3X, str(tmp_path / 'missing.pth'), '--demo'])
+
+
+def test_demo_transform_segmentation():
+    """The same switch for an mmseg config: ADE-format demo data, 4 classes in decode and auxiliary heads."""
+    cfg = Config(dict(
+        default_scope='mmseg',
+        model=dict(type='EncoderDecoder', data_preprocessor=dict(type='SegDataPreProcessor', size=(512, 512)),
+                   backbone=dict(type='ReSwinTransformer', init_cfg=dict(type='Pretrained', checkpoint='x.pth')),
+                   decode_head=dict(type='UPerHead', num_classes=150),
+                   auxiliary_head=dict(type='FCNHead', num_classes=150)),
+        optim_wrapper=dict(optimizer=dict(type='AdamW', lr=6e-5)),
+        train_cfg=dict(type='IterBasedTrainLoop', max_iters=160000, val_interval=16000),
+        param_scheduler=[dict(type='LinearLR', start_factor=1e-6, by_epoch=False, begin=0, end=1500),
+                         dict(type='PolyLR', power=1.0, begin=1500, end=160000, eta_min=0.0, by_epoch=False)],
+        default_hooks=dict()))
+    to_demo_config(cfg)
+    assert cfg.model.decode_head.num_classes == cfg.model.auxiliary_head.num_classes == len(DEMO_ADE_CLASSES) == 4
+    assert cfg.model.data_preprocessor.size == (256, 256)
+    assert cfg.train_dataloader.dataset.type == 'BaseSegDataset'
+    assert cfg.val_evaluator.type == 'IoUMetric'
+    n = cfg.train_cfg.max_iters
+    poly = cfg.param_scheduler[1]
+    assert poly.type == 'PolyLR' and poly.end == n and poly.begin == max(1, round(1500 * n / 160000))
+    pytest.importorskip('mmseg')
+    from mmseg.registry import DATASETS
+    from mmseg.utils import register_all_modules
+    register_all_modules(init_default_scope=False)
+    with DefaultScope.overwrite_default_scope('mmseg'):
+        dataset = DATASETS.build(cfg.val_dataloader.dataset)
+        sample = dataset[0]
+    labels = set(sample['data_samples'].gt_sem_seg.data.unique().tolist())
+    assert len(dataset) == 50 and labels <= {0, 1, 2, 3}
