@@ -13,9 +13,9 @@ from conftest import CONFIGS, REPO
 
 pytest.importorskip('mmdet')
 
-# An untrained detector scores ~0 mAP; the demo reaches ~0.3 bbox mAP (see DemoSettings). Half of that
+# An untrained detector scores ~0.001 mAP; the demo reaches about 0.07 bbox mAP (README). Under half of that
 # separates learning from noise with room for thread-scheduling nondeterminism.
-MARGIN = 0.1
+MARGIN = 0.03
 
 
 @pytest.mark.slow
