@@ -176,7 +176,7 @@ def test_demo_transform_segmentation():
         default_hooks=dict()))
     to_demo_config(cfg)
     assert cfg.model.decode_head.num_classes == cfg.model.auxiliary_head.num_classes == len(DEMO_ADE_CLASSES) == 4
-    assert cfg.model.data_preprocessor.size == (256, 256)
+    assert cfg.model.data_preprocessor.size == (DemoSettings.img_size, DemoSettings.img_size)
     assert cfg.train_dataloader.dataset.type == 'BaseSegDataset'
     assert cfg.val_evaluator.type == 'IoUMetric'
     n = cfg.train_cfg.max_iters
