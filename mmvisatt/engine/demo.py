@@ -133,7 +133,7 @@ def _detection_data(cfg: Config, settings: DemoSettings) -> None:
     heads = ('bbox_head', 'mask_head', 'roi_head.bbox_head', 'roi_head.mask_head')
     if not set_num_classes(cfg.model, len(DEMO_COCO_CLASSES), heads):
         raise ValueError(f'--demo: no num_classes found under model.{{{",".join(heads)}}}')
-    with_mask = any(True for _ in _cfgs_at(cfg.model, ('mask_head', 'roi_head.mask_head')))
+    with_mask = bool(list(_cfgs_at(cfg.model, ('mask_head', 'roi_head.mask_head'))))
     for rcnn in _cfgs_at(cfg.model, ('train_cfg.rcnn',)):
         if 'num' in rcnn.get('sampler', {}):
             rcnn.sampler.num = settings.rois_per_image
