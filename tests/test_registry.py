@@ -1,24 +1,52 @@
-"""Backbones are registered once, in mmengine's root MODELS, and build by bare name in every task scope."""
+"""What every mmvisatt backbone promises, checked once for all of them: registration in mmengine's root MODELS
+(so a bare name builds under the mmdet, mmseg and mmpretrain scopes) and activation checkpointing that leaves
+results unchanged."""
 import pytest
 import torch
 from mmengine.registry import MODELS, DefaultScope
 
 import mmvisatt.models  # noqa: F401
 
+# tiny arch of each backbone, the out_indices to request and the channels they must have
+BACKBONES = {
+    'ReSwinTransformer': (dict(embed_dims=16, depths=(2, 2, 2, 2), num_heads=(1, 2, 4, 8)), (0, 1), [16, 32]),
+    'ReMViTv2': (dict(embed_dims=16, depths=(1, 1, 2, 1), num_heads=1), (0, 3), [16, 128]),
+    'ReViT': (dict(embed_dims=32, depth=3, num_heads=4), (1, 2), [16, 32]),
+}
 
+
+@pytest.mark.parametrize('name', sorted(BACKBONES))
 @pytest.mark.parametrize('scope', ['mmdet', 'mmseg', 'mmpretrain'])
-def test_bare_name_builds_under_each_default_scope(scope):
+def test_bare_name_builds_under_each_default_scope(scope, name):
     lib = pytest.importorskip({'mmdet': 'mmdet.registry', 'mmseg': 'mmseg.registry',
                                'mmpretrain': 'mmpretrain.registry'}[scope])
-    cfg = dict(type='ReSwinTransformer', arch=dict(embed_dims=16, depths=(1, 1), num_heads=(1, 2)),
-               out_indices=(0, 1))
+    arch, out_indices, channels = BACKBONES[name]
     with DefaultScope.overwrite_default_scope(scope):
-        model = lib.MODELS.build(cfg)
-    assert type(model).__name__ == 'ReSwinTransformer'
-    outs = model(torch.randn(1, 3, 32, 32))
-    assert [o.shape[1] for o in outs] == [16, 32]
+        model = lib.MODELS.build(dict(type=name, arch=arch, out_indices=out_indices))
+    assert type(model).__name__ == name
+    assert [o.shape[1] for o in model(torch.randn(1, 3, 32, 32))] == channels
 
 
-def test_registered_in_root_registry():
-    assert MODELS.get('ReSwinTransformer') is not None
+@pytest.mark.parametrize('name', sorted(BACKBONES))
+def test_registered_in_root_registry(name):
     assert MODELS.scope == 'mmengine'
+    assert MODELS.get(name) is not None
+
+
+@pytest.mark.parametrize('name', sorted(BACKBONES))
+def test_with_cp_matches_and_trains(name):
+    arch = BACKBONES[name][0]
+    cls = MODELS.get(name)
+    torch.manual_seed(0)
+    plain = cls(arch=arch, drop_path_rate=0.)
+    plain.init_weights()
+    ckpt = cls(arch=arch, drop_path_rate=0., with_cp=True)
+    ckpt.load_state_dict(plain.state_dict())
+    x = torch.randn(2, 3, 64, 96)
+    grads = []
+    for model in (plain, ckpt):
+        model.train()
+        sum(o.pow(2).mean() for o in model(x)).backward()
+        grads.append(model.alpha.grad.clone())
+    assert torch.allclose(grads[0], grads[1], atol=1e-6)
+    assert grads[0].abs().item() > 0
