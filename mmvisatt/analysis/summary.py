@@ -37,9 +37,10 @@ def residual_gates(model: nn.Module) -> List[Gate]:
                               'parameter' if p.requires_grad else 'frozen parameter', p.requires_grad))
         elif GATE_NAME in module._buffers and module._buffers[GATE_NAME] is not None:
             gates.append(Gate(name, module._buffers[GATE_NAME].flatten().tolist(), 'buffer', False))
-        elif isinstance(module.__dict__.get(GATE_NAME), Number) and not isinstance(module.__dict__[GATE_NAME],
-                                                                                     bool):
-            gates.append(Gate(name, [float(module.__dict__[GATE_NAME])], 'constant', False))
+        else:
+            value = module.__dict__.get(GATE_NAME)
+            if isinstance(value, Number) and not isinstance(value, bool):
+                gates.append(Gate(name, [float(value)], 'constant', False))
     return gates
 
 

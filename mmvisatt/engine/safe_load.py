@@ -26,7 +26,8 @@ def history_buffer_method(owner: Any, name: str) -> Callable:
     method = HistoryBuffer.__dict__.get(name) if owner is HistoryBuffer else None
     if name.startswith('_') or not isinstance(method, FunctionType):
         raise pickle.UnpicklingError(
-            f'weights_only load: refusing getattr({owner!r}, {name!r}); only public methods of HistoryBuffer are allowed')
+            f'weights_only load: refusing getattr({owner!r}, {name!r}); only public methods of HistoryBuffer '
+            f'are allowed')
     return method
 
 
