@@ -1,4 +1,6 @@
-"""Every task config loads, builds with the mmdet registry, and trains one step on a tiny synthetic batch."""
+"""Every task config (discovered, not listed) loads, matches its template, builds in its library's scope with the
+real backbone, feeds its neck / heads the channels the backbone really produces, and trains one step on a tiny
+synthetic batch."""
 import glob
 import os.path as osp
 
@@ -7,14 +9,15 @@ import torch
 from mmengine.config import Config
 from mmengine.model import revert_sync_batchnorm
 from mmengine.optim import build_optim_wrapper
-from mmengine.registry import DefaultScope
+from mmengine.registry import DefaultScope, init_default_scope
+from mmengine.structures import PixelData
 
 from conftest import CONFIGS
+from mmvisatt.task_configs import RECIPES, backbone_tokens, expected_configs, recipe_scope
 
-mmdet = pytest.importorskip('mmdet')
-from mmdet.registry import MODELS  # noqa: E402
-from mmdet.testing import demo_mm_inputs  # noqa: E402
-from mmdet.utils import register_all_modules  # noqa: E402
+pytest.importorskip('mmdet')
+pytest.importorskip('mmseg')
+pytest.importorskip('mmpretrain')
 
 CONFIG_FILES = sorted(glob.glob(osp.join(CONFIGS, '*.py')))
 
@@ -23,50 +26,155 @@ def _load(path: str) -> Config:
     cfg = Config.fromfile(path)
     # nothing can be downloaded in CI; the init path is covered by the checkpoint tests
     cfg.model.backbone.init_cfg = None
+    if cfg.get('data_preprocessor'):
+        # as the Runner does for mmpretrain configs
+        cfg.model.setdefault('data_preprocessor', cfg.data_preprocessor)
     return cfg
 
 
-def test_configs_found():
-    names = {osp.basename(p) for p in CONFIG_FILES}
-    assert {'mask_rcnn_reswin_t_1x.py', 'mask_rcnn_reswin_t_3x.py', 'cascade_mask_rcnn_reswin_t_3x.py'} <= names
+def _shallow(cfg: Config) -> None:
+    """One block per stage (two for single-stage ViTs, whose residual gate acts from the second block on), same
+    widths: the plumbing of the config is unchanged, the step costs a fraction.
+    The full-depth backbone of every preset is built and run by ``test_preset_channels_are_real``."""
+    from mmengine.registry import MODELS
+    backbone = cfg.model.backbone
+    arch = MODELS.get(backbone.type)._resolve_arch(backbone.get('arch', 't'))
+    for key in ('depths', 'depth'):
+        if isinstance(arch.get(key), (list, tuple)):
+            arch[key] = [1] * len(arch[key])
+        elif isinstance(arch.get(key), int):
+            arch[key] = 2
+    backbone.arch = arch
+
+
+def _tiny_training(cfg: Config) -> None:
+    """Sample few RoIs and proposals: the heads keep their structure, the step costs a fraction."""
+    train_cfg = cfg.model.get('train_cfg') or {}
+    rcnn = train_cfg.get('rcnn')
+    for stage in rcnn if isinstance(rcnn, list) else [rcnn] if rcnn else []:
+        stage.sampler.num = 16
+    if train_cfg.get('rpn_proposal'):
+        train_cfg.rpn_proposal.update(nms_pre=200, max_per_img=50)
+
+
+def test_configs_are_the_generated_ones():
+    expected = expected_configs(CONFIGS)
+    on_disk = {osp.basename(p) for p in CONFIG_FILES}
+    assert on_disk == set(expected), 'run tools/misc/generate_configs.py (and delete configs without a template)'
+    for name, text in expected.items():
+        assert open(osp.join(CONFIGS, name)).read() == text, f'{name} differs from its template'
+
+
+def test_every_backbone_has_every_recipe():
+    tokens = backbone_tokens(CONFIGS)
+    assert {'revit_b', 'reswin_t', 'reswin_s', 'reswin_b', 'remvit_t', 'remvit_s', 'remvit_b'} <= set(tokens)
+    names = {osp.basename(p)[:-3] for p in CONFIG_FILES}
+    assert {r.name.format(bb=t) for t in tokens for r in RECIPES} <= names
+    assert 'mask_rcnn_remvit_t_3x' in names and 'cascade_mask_rcnn_reswin_t_3x' in names
+
+
+def _scope_of(path: str) -> str:
+    name = osp.basename(path)[:-3]
+    return next(recipe_scope(r) for r in RECIPES
+                for t in backbone_tokens(CONFIGS) if r.name.format(bb=t) == name)
+
+
+def _consumers(cfg: Config):
+    """The channels the config says each backbone output has (neck or heads reading the backbone directly)."""
+    model = cfg.model
+    if model.type == 'ImageClassifier':
+        return [model.head.in_channels]
+    if model.get('neck'):
+        return list(model.neck.in_channels)
+    return list(model.decode_head.in_channels)
+
+
+def _det_step(model):
+    from mmdet.testing import demo_mm_inputs
+    batch = demo_mm_inputs(batch_size=1, image_shapes=[(3, 64, 96)], num_items=[2], num_classes=80,
+                           with_mask=True)
+    return model(**model.data_preprocessor(batch, True), mode='loss')
+
+
+def _seg_step(model):
+    from mmseg.structures import SegDataSample
+    # two images: the pyramid pooling's 1x1 BatchNorm needs more than one value per channel
+    images = [torch.randint(0, 255, (3, 64, 80), dtype=torch.uint8) for _ in range(2)]
+    samples = []
+    for _ in images:
+        sample = SegDataSample(gt_sem_seg=PixelData(data=torch.randint(0, 150, (1, 64, 80))))
+        sample.set_metainfo(dict(img_shape=(64, 80), ori_shape=(64, 80), pad_shape=(64, 80)))
+        samples.append(sample)
+    model.data_preprocessor.size = (64, 80)
+    return model(**model.data_preprocessor(dict(inputs=images, data_samples=samples), True), mode='loss')
+
+
+def _cls_step(model):
+    from mmpretrain.structures import DataSample
+    images = [torch.randint(0, 255, (3, 64, 64), dtype=torch.uint8) for _ in range(2)]
+    samples = [DataSample().set_gt_label(i) for i in (3, 7)]
+    return model(**model.data_preprocessor(dict(inputs=images, data_samples=samples), True), mode='loss')
+
+
+STEPS = {'mmdet': _det_step, 'mmseg': _seg_step, 'mmpretrain': _cls_step}
 
 
 @pytest.mark.parametrize('path', CONFIG_FILES, ids=osp.basename)
-def test_config_trains_one_step(path):
+def test_config_builds_and_trains_one_step(path):
     cfg = _load(path)
-    assert cfg.default_scope == 'mmdet'
+    _shallow(cfg)
+    _tiny_training(cfg)
+    scope = _scope_of(path)
+    assert cfg.default_scope == scope
     assert cfg.custom_imports == dict(imports=['mmvisatt.models'], allow_failed_imports=False)
-    assert cfg.model.backbone.type == 'ReSwinTransformer'
-    register_all_modules(init_default_scope=False)
+    init_default_scope(scope)
+    from mmengine.registry import MODELS
     torch.manual_seed(0)
-    with DefaultScope.overwrite_default_scope('mmdet'):
-        # as the Runner does outside distributed training (the cascade heads use SyncBN)
+    with DefaultScope.overwrite_default_scope(scope):
+        # as the Runner does outside distributed training (the heads use SyncBN)
         model = revert_sync_batchnorm(MODELS.build(cfg.model))
-        model.init_weights()
         model.train()
-        batch = demo_mm_inputs(batch_size=1, image_shapes=[(3, 64, 96)], num_items=[2], num_classes=80,
-                               with_mask=True)
-        data = model.data_preprocessor(batch, True)
-        losses = model(**data, mode='loss')
+        with torch.no_grad():
+            feats = model.backbone(torch.zeros(1, 3, 64, 64))
+        assert [f.shape[1] for f in feats] == _consumers(cfg), 'neck/head in_channels != backbone outputs'
+        losses = STEPS[scope](model)
     total, _ = model.parse_losses(losses)
     assert torch.isfinite(total)
     total.backward()
     grads = [p.grad for n, p in model.named_parameters() if n.startswith('backbone.') and p.grad is not None]
     assert grads and all(torch.isfinite(g).all() for g in grads)
-    assert model.backbone.alpha.grad is not None
+    unused = [n for n, p in model.backbone.named_parameters() if p.requires_grad and p.grad is None]
+    # every trainable backbone parameter gets a gradient, or DDP stops (find_unused_parameters is off)
+    assert not unused, unused[:5]
+
+
+@pytest.mark.parametrize('token', backbone_tokens(CONFIGS))
+def test_preset_channels_are_real(token):
+    """The full-size backbone of each preset produces the channels its configs wire into necks and heads."""
+    from mmengine.registry import MODELS
+    preset = Config.fromfile(osp.join(CONFIGS, '_base_', 'backbones', f'{token}.py')).preset
+    backbone = MODELS.build(dict(preset.backbone, init_cfg=None)).eval()
+    with torch.no_grad():
+        feats = backbone(torch.zeros(1, 3, 64, 64))
+    assert [f.shape[1] for f in feats] == list(preset.channels)
+    assert preset.channels[preset.cls.out_index] == preset.cls.channels
 
 
 @pytest.mark.parametrize('path', CONFIG_FILES, ids=osp.basename)
 def test_recipe_decay_rules(path):
-    """AdamW with no weight decay on norms, relative position tables and the residual gate alpha."""
+    """The preset's no-decay names get no weight decay; other backbone weights get the recipe's."""
     cfg = _load(path)
-    assert cfg.optim_wrapper.optimizer.type == 'AdamW'
-    with DefaultScope.overwrite_default_scope('mmdet'):
+    scope = _scope_of(path)
+    init_default_scope(scope)
+    from mmengine.registry import MODELS
+    with DefaultScope.overwrite_default_scope(scope):
+        _shallow(cfg)
         model = MODELS.build(cfg.model)
         optim = build_optim_wrapper(model, cfg.optim_wrapper).optimizer
     decay = {id(p): g['weight_decay'] for g in optim.param_groups for p in g['params']}
     names = dict(model.named_parameters())
-    no_decay = [n for n in names if n == 'backbone.alpha' or 'relative_position_bias_table' in n or 'norm' in n]
-    assert 'backbone.alpha' in no_decay and any('relative_position_bias_table' in n for n in no_decay)
+    no_decay = [n for n in names if n.startswith('backbone.') and any(k in n for k in cfg.preset.no_decay)]
+    assert 'backbone.alpha' in no_decay
     assert all(decay[id(names[n])] == 0 for n in no_decay)
-    assert decay[id(names['backbone.patch_embed.proj.weight'])] == pytest.approx(0.05)
+    assert decay[id(names['backbone.patch_embed.proj.weight'])] == pytest.approx(cfg.optim_wrapper.optimizer
+                                                                                .weight_decay)

@@ -1,3 +1,5 @@
+from .fan import FAN
 from .revit import ReMViTv2, ReSwinTransformer, ReViT
+from .shunted import ShuntedTransformer
 
-__all__ = ['ReMViTv2', 'ReSwinTransformer', 'ReViT']
+__all__ = ['FAN', 'ReMViTv2', 'ReSwinTransformer', 'ReViT', 'ShuntedTransformer']

@@ -1,6 +1,9 @@
+from .channel_attention import (ConvValueMlp, DepthwiseConvBlock, EfficientChannelAttention, TokenAttention,
+                                channel_gate, multi_head_attention)
 from .pooling_attention import PoolingResidualAttention, add_decomposed_rel_pos, relative_position_embeddings
 from .residual_attention import (PooledScores, TokenGrid, WindowScores, align_by_position, align_by_slot,
                                  align_pooled_by_position, align_pooled_official, mix_scores, regrid_by_position)
+from .shunted_attention import HeadGroupKV, ShuntedAttention
 from .simple_pyramid import SimpleFeaturePyramid
 from .window import (WindowGrid, merge_windows, partition_windows, relative_position_index,
                      window_attention_mask, window_partition, window_reverse)
@@ -10,5 +13,6 @@ __all__ = [
     'TokenGrid', 'WindowScores', 'align_by_position', 'align_by_slot', 'align_pooled_by_position',
     'align_pooled_official', 'mix_scores', 'regrid_by_position', 'SimpleFeaturePyramid', 'WindowGrid',
     'merge_windows', 'partition_windows', 'relative_position_index', 'window_attention_mask', 'window_partition',
-    'window_reverse'
+    'window_reverse', 'HeadGroupKV', 'ShuntedAttention', 'ConvValueMlp', 'DepthwiseConvBlock',
+    'EfficientChannelAttention', 'TokenAttention', 'channel_gate', 'multi_head_attention'
 ]

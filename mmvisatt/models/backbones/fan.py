@@ -1,0 +1,741 @@
+"""FAN: Fully Attentional Networks (Zhou et al., "Understanding The Robustness in Vision Transformers", ICML 2022).
+
+A FAN block replaces the transformer MLP by an efficient channel attention
+(:class:`~mmvisatt.models.layers.channel_attention.EfficientChannelAttention`): token attention mixes the
+tokens, then every channel is gated by a statistic of the whole image. The paper builds three forms:
+
+- ``vit``: a 4-conv stride-16 stem, Fourier position encoding and FAN blocks (a plain, single-scale ViT; dense
+  tasks get ViTDet's simple feature pyramid);
+- ``hybrid``: two ConvNeXt stages (strides 4 and 8) as the stem, then FAN blocks at stride 16; the official
+  detection layout returns the two ConvNeXt maps, the output of one FAN block, and a stride-2 convolution of
+  the patch tokens after the class-attention head (stride 32);
+- ``swin``: Swin with the channel attention in place of the MLP in stages 1-3.
+
+Numerical quirks of the official code that its weights depend on are reproduced and switchable (``docs/fan.md``).
+"""
+import math
+import re
+from functools import partial
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import torch.utils.checkpoint as cp
+from mmcv.cnn import build_norm_layer
+from mmengine.registry import MODELS
+from timm.layers import DropPath, Mlp, trunc_normal_
+from torch import Tensor
+
+from mmvisatt.checkpoint import register_converter
+from ..layers.channel_attention import (ConvValueMlp, EfficientChannelAttention, TokenAttention,
+                                        multi_head_attention)
+from ..layers.simple_pyramid import SimpleFeaturePyramid
+from ..layers.window import (WindowGrid, merge_windows, partition_windows, relative_position_index,
+                             window_attention_mask)
+from .base import AttentionBackbone
+# Swin's patch embedding and merging are the same bricks as ReSwin's.
+from .revit import PatchEmbed, PatchMerging
+
+Size = Tuple[int, int]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Stems and position encoding
+# ---------------------------------------------------------------------------------------------------------
+class FourierPositionEncoding(nn.Module):
+    """Sine/cosine encoding of normalised (y, x) coordinates, projected to ``dim`` channels by a 1x1 conv.
+
+    Coordinates run 1..H and 1..W, divided by (last + 1e-6) and scaled by 2*pi; each axis gets ``hidden_dim``
+    slots, sin on even and cos on odd ones, laid out [y-slots, x-slots]. Frequencies are
+    ``temperature ** (2 * floor(i / 2) / hidden_dim)`` (``exponent='paired'``, the classifier's) or
+    ``temperature ** (i / hidden_dim)`` (``'linear'``, what FAN's detection and segmentation code computes by
+    dropping the floor). The grid is always built in float32 and cast to the projection's dtype, like the
+    official module, so float64 runs reproduce its numbers.
+    """
+
+    def __init__(self, dim: int, hidden_dim: int = 32, temperature: int = 10000, exponent: str = 'paired'):
+        super().__init__()
+        if exponent not in ('paired', 'linear'):
+            raise ValueError(f"exponent must be 'paired' or 'linear', got '{exponent}'")
+        self.hidden_dim = hidden_dim
+        self.temperature = temperature
+        self.exponent = exponent
+        self.proj = nn.Conv2d(2 * hidden_dim, dim, 1)
+
+    def _encode(self, length: int, freqs: Tensor) -> Tensor:
+        coord = torch.arange(1, length + 1, dtype=torch.float32, device=freqs.device)
+        coord = coord / (coord[-1:] + 1e-6) * (2 * math.pi)
+        phase = coord[:, None] / freqs
+        return torch.stack([phase[:, 0::2].sin(), phase[:, 1::2].cos()], dim=2).flatten(1)
+
+    def forward(self, size: Size) -> Tensor:
+        """(H, W) -> (1, H * W, dim)."""
+        H, W = size
+        i = torch.arange(self.hidden_dim, dtype=torch.float32, device=self.proj.weight.device)
+        half = torch.div(i, 2, rounding_mode='floor') if self.exponent == 'paired' else i / 2
+        freqs = self.temperature ** (2 * half / self.hidden_dim)
+        y = self._encode(H, freqs)[:, None, :].expand(H, W, -1)
+        x = self._encode(W, freqs)[None, :, :].expand(H, W, -1)
+        grid = torch.cat([y, x], dim=-1).permute(2, 0, 1)[None].to(self.proj.weight.dtype)
+        return self.proj(grid).flatten(2).transpose(1, 2)
+
+
+class ConvPatchEmbed(nn.Module):
+    """FAN-ViT's stem: four 3x3 stride-2 convs (no bias) each with a BatchNorm, GELU between, widths
+    C/8, C/4, C/2, C. Gives ceil(H / 16) x ceil(W / 16) tokens for any input."""
+
+    def __init__(self, in_channels: int, dim: int, norm_layer: Callable[[int], nn.Module]):
+        super().__init__()
+        widths = [in_channels, dim // 8, dim // 4, dim // 2, dim]
+        layers: List[nn.Module] = []
+        for i in range(4):
+            layers.append(nn.Sequential(nn.Conv2d(widths[i], widths[i + 1], 3, 2, 1, bias=False),
+                                        norm_layer(widths[i + 1])))
+            if i < 3:
+                layers.append(nn.GELU())
+        self.proj = nn.Sequential(*layers)
+
+    def forward(self, x: Tensor) -> Tuple[Tensor, Size, List[Tensor]]:
+        """(B, C_in, H, W) -> tokens (B, N, C), their grid (H', W') and no intermediate maps."""
+        x = self.proj(x)
+        return x.flatten(2).transpose(1, 2), tuple(x.shape[-2:]), []
+
+
+class LayerNorm2d(nn.LayerNorm):
+    """LayerNorm over the channels of an NCHW map; ``unbiased=True`` divides the variance by C - 1.
+
+    The unbiased form is a numerical accident of the official hybrid stem (timm 0.5's LayerNorm2d falls back to
+    ``torch.var_mean`` for channels_last-strided input, which every norm after the stem's receives), kept
+    because the released weights were trained with it.
+    """
+
+    def __init__(self, dim: int, eps: float = 1e-6, unbiased: bool = False):
+        super().__init__(dim, eps=eps)
+        self.unbiased = unbiased
+
+    def forward(self, x: Tensor) -> Tensor:
+        if not self.unbiased:
+            return F.layer_norm(x.permute(0, 2, 3, 1), self.normalized_shape, self.weight, self.bias,
+                                self.eps).permute(0, 3, 1, 2)
+        var, mean = torch.var_mean(x, dim=1, keepdim=True)
+        x = (x - mean) * torch.rsqrt(var + self.eps)
+        return x * self.weight[:, None, None] + self.bias[:, None, None]
+
+
+class ConvNeXtMlp(nn.Module):
+    def __init__(self, dim: int, hidden_dim: int):
+        super().__init__()
+        self.fc1 = nn.Conv2d(dim, hidden_dim, 1)
+        self.act = nn.GELU()
+        self.fc2 = nn.Conv2d(hidden_dim, dim, 1)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc2(self.act(self.fc1(x)))
+
+
+class ConvNeXtBlock(nn.Module):
+    """7x7 depthwise conv -> LayerNorm2d -> 1x1 conv (4x) -> GELU -> 1x1 conv -> layer scale -> + input."""
+
+    def __init__(self, dim: int, unbiased_norm: bool, layer_scale: float = 1e-6):
+        super().__init__()
+        self.conv_dw = nn.Conv2d(dim, dim, 7, padding=3, groups=dim)
+        self.norm = LayerNorm2d(dim, unbiased=unbiased_norm)
+        self.mlp = ConvNeXtMlp(dim, 4 * dim)
+        self.gamma = nn.Parameter(torch.full((dim, ), layer_scale))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x + self.mlp(self.norm(self.conv_dw(x))) * self.gamma.view(1, -1, 1, 1)
+
+
+class ConvNeXtStage(nn.Module):
+    def __init__(self, in_dim: int, dim: int, depth: int, downsample: bool, unbiased_norms: bool):
+        super().__init__()
+        self.downsample = nn.Sequential(LayerNorm2d(in_dim, unbiased=unbiased_norms),
+                                        nn.Conv2d(in_dim, dim, 2, 2)) if downsample else None
+        self.blocks = nn.Sequential(*[ConvNeXtBlock(dim, unbiased_norms) for _ in range(depth)])
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.downsample is not None:
+            x = self.downsample(x)
+        return self.blocks(x)
+
+
+class HybridEmbed(nn.Module):
+    """FAN-Hybrid's stem: ConvNeXt (4x4 stride-4 conv + LayerNorm2d, then stages at strides 4 and 8), then a 2x2
+    stride-2 conv to ``dim`` channels (stride 16).
+
+    ``unbiased_norms`` reproduces the official variance of every LayerNorm2d after the first (see
+    :class:`LayerNorm2d`). The input is padded to a multiple of 16, so every map has ceil(H / stride) rows
+    before the caller crops the padded margin off the ConvNeXt maps.
+    """
+
+    def __init__(self, in_channels: int, dim: int, depths: Sequence[int], dims: Sequence[int],
+                 unbiased_norms: bool = True):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(in_channels, dims[0], 4, 4), LayerNorm2d(dims[0]))
+        self.stages = nn.ModuleList([
+            ConvNeXtStage(dims[max(i - 1, 0)], dims[i], depths[i], i > 0, unbiased_norms) for i in range(len(depths))
+        ])
+        self.proj = nn.Conv2d(dims[-1], dim, 2, 2)
+
+    def forward(self, x: Tensor) -> Tuple[Tensor, Size, List[Tensor]]:
+        """(B, C_in, H, W) -> tokens (B, N, C), their grid and the ConvNeXt stage maps."""
+        x = F.pad(x, (0, -x.shape[-1] % 16, 0, -x.shape[-2] % 16))
+        x = self.stem(x)
+        maps = []
+        for stage in self.stages:
+            x = stage(x)
+            maps.append(x)
+        x = self.proj(x)
+        return x.flatten(2).transpose(1, 2), tuple(x.shape[-2:]), maps
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Blocks
+# ---------------------------------------------------------------------------------------------------------
+class FANBlock(nn.Module):
+    """x += gamma1 * TokenAttention(LN(x)); x += gamma2 * EfficientChannelAttention(LN(x))."""
+
+    def __init__(self, dim: int, num_heads: int, mlp_ratio: float = 4., qkv_bias: bool = True, drop: float = 0.,
+                 attn_drop: float = 0., drop_path: float = 0., eta: float = 1., fused: bool = True,
+                 norm_layer: Callable[[int], nn.Module] = nn.BatchNorm2d):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim, eps=1e-6)
+        self.attn = TokenAttention(dim, num_heads, qkv_bias, attn_drop, drop, fused)
+        self.norm2 = nn.LayerNorm(dim, eps=1e-6)
+        self.channel_attn = EfficientChannelAttention(dim, num_heads, int(dim * mlp_ratio), qkv_bias, attn_drop,
+                                                      drop, value_residual=True, norm_layer=norm_layer)
+        self.gamma1 = nn.Parameter(torch.full((dim, ), float(eta)))
+        self.gamma2 = nn.Parameter(torch.full((dim, ), float(eta)))
+        self.drop_path = DropPath(drop_path) if drop_path > 0. else nn.Identity()
+
+    def forward(self, x: Tensor, size: Size) -> Tensor:
+        """(B, N, C) tokens of an (H, W) = ``size`` grid -> (B, N, C)."""
+        x = x + self.drop_path(self.gamma1 * self.attn(self.norm1(x)))
+        return x + self.drop_path(self.gamma2 * self.channel_attn(self.norm2(x), size))
+
+
+class ClassAttention(nn.Module):
+    """The class token (first token) queries all tokens, itself included."""
+
+    def __init__(self, dim: int, num_heads: int, qkv_bias: bool = True, attn_drop: float = 0.,
+                 proj_drop: float = 0., fused: bool = True):
+        super().__init__()
+        self.num_heads = num_heads
+        self.fused = fused
+        self.attn_drop = attn_drop
+        self.q = nn.Linear(dim, dim, bias=qkv_bias)
+        self.k = nn.Linear(dim, dim, bias=qkv_bias)
+        self.v = nn.Linear(dim, dim, bias=qkv_bias)
+        self.proj = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(proj_drop)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """(B, 1 + N, C) -> (B, 1, C)."""
+        B, N, C = x.shape
+        h = self.num_heads
+        q = self.q(x[:, :1]).reshape(B, 1, h, C // h).transpose(1, 2)
+        k = self.k(x).reshape(B, N, h, C // h).transpose(1, 2)
+        v = self.v(x).reshape(B, N, h, C // h).transpose(1, 2)
+        out = multi_head_attention(q, k, v, dropout=self.attn_drop if self.training else 0., fused=self.fused)
+        return self.proj_drop(self.proj(out.transpose(1, 2).reshape(B, 1, C)))
+
+
+class ClassAttentionBlock(nn.Module):
+    """FAN's class-attention block (the XCiT form).
+
+    Patch tokens take ``+ gamma1 * LN1(x)`` in the attention step and, with ``tokens_norm``, are normalised and
+    then added to themselves in the MLP step (they leave as 2 * LN2(.)). That is what the released weights and
+    the official detection output were trained with, so it is kept as is.
+    """
+
+    def __init__(self, dim: int, num_heads: int, mlp_ratio: float = 4., qkv_bias: bool = True, drop: float = 0.,
+                 attn_drop: float = 0., eta: float = 1., tokens_norm: bool = True, fused: bool = True):
+        super().__init__()
+        self.tokens_norm = tokens_norm
+        self.norm1 = nn.LayerNorm(dim, eps=1e-6)
+        self.attn = ClassAttention(dim, num_heads, qkv_bias, attn_drop, drop, fused)
+        self.norm2 = nn.LayerNorm(dim, eps=1e-6)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer=nn.GELU, drop=drop)
+        self.gamma1 = nn.Parameter(torch.full((dim, ), float(eta)))
+        self.gamma2 = nn.Parameter(torch.full((dim, ), float(eta)))
+
+    def forward(self, x: Tensor) -> Tensor:
+        """(B, 1 + N, C) -> (B, 1 + N, C), class token first."""
+        u = self.norm1(x)
+        x = x + self.gamma1 * torch.cat([self.attn(u), u[:, 1:]], dim=1)
+        x = self.norm2(x) if self.tokens_norm else torch.cat([self.norm2(x[:, :1]), x[:, 1:]], dim=1)
+        return x + torch.cat([self.gamma2 * self.mlp(x[:, :1]), x[:, 1:]], dim=1)
+
+
+class WindowAttention(nn.Module):
+    """Swin's window multi-head self-attention with a relative-position bias."""
+
+    def __init__(self, dim: int, num_heads: int, window_size: int, qkv_bias: bool = True, attn_drop: float = 0.,
+                 proj_drop: float = 0., fused: bool = True):
+        super().__init__()
+        self.num_heads = num_heads
+        self.window_size = window_size
+        self.fused = fused
+        self.attn_drop = attn_drop
+        self.relative_position_bias_table = nn.Parameter(torch.zeros((2 * window_size - 1) ** 2, num_heads))
+        self.register_buffer('relative_position_index', relative_position_index(window_size), persistent=False)
+        self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
+        self.proj = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(proj_drop)
+
+    def forward(self, x: Tensor, num_windows: int, mask: Optional[Tensor] = None) -> Tensor:
+        """x: (B * num_windows, N, C); mask: additive (num_windows, N, N) -> (B * num_windows, N, C)."""
+        BW, N, C = x.shape
+        h = self.num_heads
+        q, k, v = self.qkv(x).reshape(-1, num_windows, N, 3, h, C // h).permute(3, 0, 1, 4, 2, 5)
+        bias = self.relative_position_bias_table[self.relative_position_index.view(-1)]
+        bias = bias.view(N, N, h).permute(2, 0, 1)
+        if mask is not None:
+            bias = bias + mask[:, None]
+        out = multi_head_attention(q, k, v, bias, dropout=self.attn_drop if self.training else 0.,
+                                   fused=self.fused)
+        return self.proj_drop(self.proj(out.transpose(2, 3).reshape(BW, N, C)))
+
+
+class FANSwinBlock(nn.Module):
+    """A Swin block (W-MSA / SW-MSA) whose MLP is FAN's channel attention (computed over the whole map, not per
+    window; its value MLP has no identity around the depthwise convs) or, with ``channel_attn=False``, a plain
+    MLP."""
+
+    def __init__(self, dim: int, num_heads: int, window_size: int = 7, shifted: bool = False,
+                 mlp_ratio: float = 4., qkv_bias: bool = True, drop: float = 0., attn_drop: float = 0.,
+                 drop_path: float = 0., channel_attn: bool = True, fused: bool = True,
+                 norm_layer: Callable[[int], nn.Module] = nn.BatchNorm2d):
+        super().__init__()
+        self.window_size = window_size
+        self.shift = window_size // 2 if shifted else 0
+        self.norm1 = nn.LayerNorm(dim)
+        self.attn = WindowAttention(dim, num_heads, window_size, qkv_bias, attn_drop, drop, fused)
+        self.norm2 = nn.LayerNorm(dim)
+        hidden = int(dim * mlp_ratio)
+        if channel_attn:
+            self.channel_attn = EfficientChannelAttention(dim, num_heads, hidden, qkv_bias, attn_drop, drop,
+                                                          value_residual=False, norm_layer=norm_layer)
+        else:
+            self.mlp = Mlp(dim, hidden, act_layer=nn.GELU, drop=drop)
+        self.drop_path = DropPath(drop_path) if drop_path > 0. else nn.Identity()
+
+    def forward(self, x: Tensor) -> Tensor:
+        """(B, H, W, C) -> (B, H, W, C)."""
+        B, H, W, C = x.shape
+        grid = WindowGrid.build(H, W, self.window_size, self.shift)
+        mask = window_attention_mask(grid, x.device)
+        windows = self.attn(partition_windows(self.norm1(x), grid), grid.num_windows, mask)
+        x = x + self.drop_path(merge_windows(windows, grid))
+        tokens = self.norm2(x).reshape(B, H * W, C)
+        if hasattr(self, 'channel_attn'):
+            out = self.channel_attn(tokens, (H, W))
+        else:
+            out = self.mlp(tokens)
+        return x + self.drop_path(out.reshape(B, H, W, C))
+
+
+class FANSwinStage(nn.Module):
+    """Optional patch merging, then ``depth`` blocks alternating W-MSA and SW-MSA."""
+
+    def __init__(self, in_dim: int, dim: int, depth: int, num_heads: int, downsample: bool,
+                 drop_path: Sequence[float], with_cp: bool = False, **block_kwargs):
+        super().__init__()
+        self.with_cp = with_cp
+        self.downsample = PatchMerging(in_dim, dim) if downsample else None
+        self.blocks = nn.ModuleList([
+            FANSwinBlock(dim, num_heads, shifted=i % 2 == 1, drop_path=drop_path[i], **block_kwargs)
+            for i in range(depth)
+        ])
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.downsample is not None:
+            x = self.downsample(x)
+        for block in self.blocks:
+            x = cp.checkpoint(block, x, use_reentrant=False) if self.with_cp and x.requires_grad else block(x)
+        return x
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The backbone
+# ---------------------------------------------------------------------------------------------------------
+def _vit(dim: int, depth: int, heads: int) -> dict:
+    return dict(form='vit', embed_dims=dim, depth=depth, num_heads=heads)
+
+
+def _hybrid(dim: int, depth: int, heads: int, stem_depths: Sequence[int], out_block: int) -> dict:
+    # out_block: the FAN block whose output is the stride-16 map in the official detection backbones
+    return dict(form='hybrid', embed_dims=dim, depth=depth, num_heads=heads, stem_depths=tuple(stem_depths),
+                stem_dims=(128, 256), out_block=out_block, down_channels=768)
+
+
+def _swin(dim: int, depths: Sequence[int], heads: Sequence[int]) -> dict:
+    return dict(form='swin', embed_dims=dim, depths=tuple(depths), num_heads=tuple(heads),
+                channel_attn=(True, True, True, False))
+
+
+FORMS = ('vit', 'hybrid', 'swin')
+
+
+@MODELS.register_module()
+class FAN(AttentionBackbone):
+    """Fully Attentional Networks as a dense backbone (NCHW maps at strides 4/8/16/32).
+
+    Args:
+        arch: a preset, ``'{form}_{size}'`` with form ``vit``/``hybrid``/``swin`` and size ``t``/``s``/``b``/``l``
+            (also ``'fan_hybrid_s'``, ``'hybrid_small'`` or the official timm names such as
+            ``'fan_small_12_p4_hybrid'``), a bare size together with ``form``, or a dict: ``form``,
+            ``embed_dims``, ``num_heads`` and ``depth`` (vit, hybrid; hybrid also ``stem_depths``, ``stem_dims``
+            and optional ``out_block``, ``down_channels``) or ``depths`` (swin; optional ``channel_attn``, one
+            bool per stage).
+        form: selects the form when ``arch`` is a bare size.
+        out_indices: levels returned, 0..3 = strides 4/8/16/32. ``num_features`` gives their widths:
+            vit ``[C/4, C/2, C, C]`` (simple feature pyramid on the last FAN block), hybrid
+            ``[stem_dims[0], stem_dims[1], C, down_channels]`` (the official detection layout: ConvNeXt maps,
+            FAN block ``out_block``, a new 3x3 stride-2 conv on the tokens after the class-attention head),
+            swin ``[C, 2C, 4C, 8C]``.
+        out_norms: pass every output through its own LayerNorm (``norm{i}``; Swin's ``norm3`` is the official
+            final norm). The official detection backbone has none; turn off to reproduce it.
+        classifier: also build the class-attention head's final norm (``cls_norm``) for
+            :meth:`forward_classifier` (vit/hybrid; the class-attention blocks are built whenever needed).
+        unbiased_stem_norms: official hybrid numerics: all ConvNeXt LayerNorm2d after the stem's divide the
+            variance by C - 1 (see :class:`LayerNorm2d`). False gives the textbook LayerNorm; use it only for
+            weights trained that way.
+        pos_exponent: ``'paired'`` (the classifier's Fourier frequencies) or ``'linear'`` (the frequencies of
+            the official detection/segmentation code, which differ from those its pretrained projection saw).
+        fused_attn: ``scaled_dot_product_attention`` (True) or the explicit reference path (False).
+        norm_cfg: the BatchNorm of the ViT stem and of the channel attention's depthwise convs
+            (``dict(type='SyncBN')`` as in the official detection recipe).
+        eta: initial layer scale of the FAN and class-attention blocks. cls_attn_layers, cls_tokens_norm: the
+            class-attention head. window_size: Swin windows. patch_size: Swin patch size.
+        drop_path_rate: the same rate in every FAN block (official) or linearly rising over Swin blocks.
+        frozen_stages: -1 none; 0 the stem (and position encoding); n > 0 also the first n FAN blocks (vit,
+            hybrid) or Swin stages.
+        norm_eval, with_cp, init_cfg: as in every mmvisatt backbone.
+    """
+    arch_zoo: Dict[str, dict] = {
+        'vit_t': _vit(192, 12, 4),
+        'vit_s': _vit(384, 12, 8),
+        'vit_b': _vit(448, 18, 8),
+        'vit_l': _vit(480, 24, 10),
+        'hybrid_t': _hybrid(192, 8, 8, (3, 3), 7),
+        'hybrid_s': _hybrid(384, 10, 8, (3, 3), 9),
+        'hybrid_b': _hybrid(448, 16, 8, (3, 3), 15),
+        'hybrid_l': _hybrid(480, 22, 10, (3, 5), 18),
+        'swin_t': _swin(96, (2, 2, 6, 2), (3, 6, 12, 24)),
+        'swin_s': _swin(96, (2, 2, 18, 2), (3, 6, 12, 24)),
+        'swin_b': _swin(128, (2, 2, 18, 2), (4, 8, 16, 32)),
+        'swin_l': _swin(192, (2, 2, 18, 2), (6, 12, 24, 48)),
+    }
+    _arch_keys = ('form', 'embed_dims', 'num_heads')
+    _arch_prefix = 'fan'
+    _arch_aliases = {
+        **{f'{form}_{name}': f'{form}_{name[0]}' for form in FORMS for name in ('tiny', 'small', 'base', 'large')},
+        'tiny_12_p16_224': 'vit_t', 'small_12_p16_224': 'vit_s', 'base_18_p16_224': 'vit_b',
+        'large_24_p16_224': 'vit_l', 'tiny_8_p4_hybrid': 'hybrid_t', 'small_12_p4_hybrid': 'hybrid_s',
+        'base_16_p4_hybrid': 'hybrid_b', 'large_16_p4_hybrid': 'hybrid_l',
+        **{f'swin_{n}_patch4_window7_224': f'swin_{n[0]}' for n in ('tiny', 'small', 'base', 'large')},
+    }
+
+    def __init__(self, arch: Union[str, dict] = 'hybrid_s', form: Optional[str] = None, in_channels: int = 3,
+                 mlp_ratio: float = 4., qkv_bias: bool = True, drop_rate: float = 0., attn_drop_rate: float = 0.,
+                 drop_path_rate: float = 0.1, eta: float = 1., cls_attn_layers: int = 2,
+                 cls_tokens_norm: bool = True, classifier: bool = False, out_indices: Sequence[int] = (0, 1, 2, 3),
+                 out_norms: bool = True, unbiased_stem_norms: bool = True, pos_exponent: str = 'paired',
+                 window_size: int = 7, patch_size: int = 4, fused_attn: bool = True,
+                 norm_cfg: Optional[dict] = None, frozen_stages: int = -1, norm_eval: bool = False,
+                 with_cp: bool = False, init_cfg: Optional[dict] = None):
+        super().__init__(init_cfg=init_cfg)
+        arch = self._resolve_form(arch, form)
+        self.form = arch['form']
+        self.arch = arch
+        self.in_channels = in_channels
+        self.out_indices = self._check_out_indices(out_indices, 4)
+        self.out_norms = out_norms
+        self.frozen_stages = frozen_stages
+        self.norm_eval = norm_eval
+        self.with_cp = with_cp
+        self.fused_attn = fused_attn
+        norm_cfg = norm_cfg or dict(type='BN')
+        bn = partial(_build_bn, norm_cfg)
+        dim, heads = arch['embed_dims'], arch['num_heads']
+
+        if self.form == 'swin':
+            self._build_swin(arch, mlp_ratio, qkv_bias, drop_rate, attn_drop_rate, drop_path_rate, window_size,
+                             patch_size, bn)
+            self.new_keys = tuple(f'norm{i}.*' for i in range(3))
+        else:
+            depth = arch['depth']
+            self.patch_size = 16  # the token stride, and the smallest input side accepted
+            if self.form == 'vit':
+                self.patch_embed = ConvPatchEmbed(in_channels, dim, bn)
+            else:
+                self.patch_embed = HybridEmbed(in_channels, dim, arch['stem_depths'], arch['stem_dims'],
+                                               unbiased_stem_norms)
+            self.pos_embed = FourierPositionEncoding(dim, exponent=pos_exponent)
+            self.pos_drop = nn.Dropout(drop_rate)
+            self.blocks = nn.ModuleList([
+                FANBlock(dim, heads, mlp_ratio, qkv_bias, drop_rate, attn_drop_rate, drop_path_rate, eta, fused_attn,
+                         bn) for _ in range(depth)
+            ])
+            self.out_block = arch.get('out_block', depth - 1) % depth
+            needs_cls = classifier or (self.form == 'hybrid' and 3 in self.out_indices)
+            if needs_cls:
+                self.cls_token = nn.Parameter(torch.zeros(1, 1, dim))
+                self.cls_attn_blocks = nn.ModuleList([
+                    ClassAttentionBlock(dim, heads, mlp_ratio, qkv_bias, drop_rate, attn_drop_rate, eta,
+                                        cls_tokens_norm, fused_attn) for _ in range(cls_attn_layers)
+                ])
+            if classifier:
+                self.cls_norm = nn.LayerNorm(dim, eps=1e-6)
+            if self.form == 'vit':
+                self.pyramid = SimpleFeaturePyramid(dim, self.out_indices)
+                self.num_features = self.pyramid.out_channels
+                self.new_keys = tuple(f'norm{i}.*' for i in range(4)) + ('pyramid.*', )
+            else:
+                down = arch.get('down_channels', 768)
+                if 3 in self.out_indices:
+                    self.downsample = nn.Conv2d(dim, down, 3, 2, 1)
+                self.num_features = [*arch['stem_dims'][:2], dim, down]
+                self.new_keys = tuple(f'norm{i}.*' for i in range(4)) + ('downsample.*', )
+        if out_norms:
+            for i in self.out_indices:
+                self.add_module(f'norm{i}', nn.LayerNorm(self.num_features[i], eps=1e-5 if self.form == 'swin'
+                                                         else 1e-6))
+        self._freeze_stages()
+
+    def _build_swin(self, arch: dict, mlp_ratio, qkv_bias, drop_rate, attn_drop_rate, drop_path_rate,
+                    window_size, patch_size, bn) -> None:
+        depths, heads = arch['depths'], arch['num_heads']
+        if len(depths) != 4 or len(heads) != 4:
+            raise ValueError(f'FAN-Swin needs four stages, got depths {depths} and num_heads {heads}')
+        channel_attn = arch.get('channel_attn', (True, True, True, False))
+        self.patch_size = patch_size
+        self.num_features = [arch['embed_dims'] * 2 ** i for i in range(4)]
+        self.patch_embed = PatchEmbed(self.in_channels, arch['embed_dims'], patch_size)
+        self.pos_drop = nn.Dropout(drop_rate)
+        rates = torch.linspace(0, drop_path_rate, sum(depths), device='cpu').tolist()
+        self.stages = nn.ModuleList()
+        for i in range(4):
+            start = sum(depths[:i])
+            self.stages.append(
+                FANSwinStage(self.num_features[max(i - 1, 0)], self.num_features[i], depths[i], heads[i], i > 0,
+                             rates[start:start + depths[i]], self.with_cp, window_size=window_size,
+                             mlp_ratio=mlp_ratio, qkv_bias=qkv_bias, drop=drop_rate, attn_drop=attn_drop_rate,
+                             channel_attn=bool(channel_attn[i]), fused=self.fused_attn, norm_layer=bn))
+
+    @classmethod
+    def _resolve_form(cls, arch: Union[str, dict], form: Optional[str]) -> dict:
+        if form is not None and form not in FORMS:
+            raise ValueError(f"form must be one of {FORMS}, got '{form}'")
+        if form is not None and isinstance(arch, str):
+            key = arch.lower().replace('-', '_')
+            key = key[len('fan_'):] if key.startswith('fan_') else key
+            arch = key if key.startswith(FORMS) or key in cls._arch_aliases else f'{form}_{key}'
+        elif form is not None and 'form' not in arch:
+            arch = {**arch, 'form': form}
+        arch = cls._resolve_arch(arch)
+        if form is not None and arch['form'] != form:
+            raise ValueError(f"arch is a {arch['form']} FAN but form='{form}'")
+        if arch['form'] not in FORMS:
+            raise ValueError(f"arch form must be one of {FORMS}, got '{arch['form']}'")
+        needed = {'vit': ('depth', ), 'hybrid': ('depth', 'stem_depths', 'stem_dims'), 'swin': ('depths', )}
+        missing = [k for k in needed[arch['form']] if k not in arch]
+        if missing:
+            raise ValueError(f"a {arch['form']} FAN arch dict needs {missing}")
+        return arch
+
+    @classmethod
+    def _resolve_arch(cls, arch: Union[str, dict]) -> dict:
+        if isinstance(arch, str):
+            key = arch.lower().replace('-', '_')
+            key = key[len('fan_'):] if key.startswith('fan_') else key
+            return super()._resolve_arch(cls._arch_aliases.get(key, key))
+        return super()._resolve_arch(arch)
+
+    # ------------------------------------------------------------------------------------------- weights
+    def init_weights(self):
+        if self._init_from_cfg('fan'):
+            return
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                trunc_normal_(m.weight, std=.02)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+            elif isinstance(m, nn.LayerNorm):
+                nn.init.ones_(m.weight)
+                nn.init.zeros_(m.bias)
+            elif isinstance(m, ConvValueMlp):
+                for conv in (m.dwconv.conv1, m.dwconv.conv2):
+                    fan_out = conv.kernel_size[0] * conv.kernel_size[1] * conv.out_channels // conv.groups
+                    nn.init.normal_(conv.weight, 0, math.sqrt(2.0 / fan_out))
+                    nn.init.zeros_(conv.bias)
+            elif isinstance(m, HybridEmbed):
+                for conv in m.modules():
+                    if isinstance(conv, nn.Conv2d) and conv is not m.proj:
+                        trunc_normal_(conv.weight, std=.02)
+                        nn.init.zeros_(conv.bias)
+            elif isinstance(m, WindowAttention):
+                trunc_normal_(m.relative_position_bias_table, std=.02)
+        if hasattr(self, 'cls_token'):
+            trunc_normal_(self.cls_token, std=.02)
+
+    # ------------------------------------------------------------------------------------------- forward
+    def _run_blocks(self, x: Tensor) -> Tuple[Tensor, Size, List[Tensor], Tensor]:
+        """Stem, position encoding and FAN blocks: tokens after the last block, their grid, the stem maps and
+        the tokens after block ``out_block``."""
+        x, size, maps = self.patch_embed(x)
+        x = self.pos_drop(x + self.pos_embed(size))
+        picked = x
+        for i, block in enumerate(self.blocks):
+            x = cp.checkpoint(block, x, size, use_reentrant=False) if self.with_cp and x.requires_grad \
+                else block(x, size)
+            if i == self.out_block:
+                picked = x
+        return x, size, maps, picked
+
+    def _class_attention(self, x: Tensor) -> Tensor:
+        """(B, N, C) patch tokens -> (B, 1 + N, C) after the class-attention blocks, class token first."""
+        x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
+        for block in self.cls_attn_blocks:
+            x = block(x)
+        return x
+
+    def _output(self, i: int, x: Tensor, height: int, width: int) -> Tensor:
+        """Crop an NCHW level to ceil(H / stride) x ceil(W / stride) and apply its output norm."""
+        stride = 2 ** (i + 2)
+        x = x[..., :math.ceil(height / stride), :math.ceil(width / stride)]
+        if self.out_norms:
+            x = getattr(self, f'norm{i}')(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+        return x.contiguous()
+
+    def forward(self, x: Tensor) -> Tuple[Tensor, ...]:
+        """(B, C_in, H, W) -> tuple of (B, num_features[i], ceil(H / s_i), ceil(W / s_i)), s = 4/8/16/32."""
+        self._check_input(x)
+        H, W = x.shape[-2:]
+        if self.form == 'swin':
+            x = self.pos_drop(self.patch_embed(x))
+            outs = []
+            for i, stage in enumerate(self.stages):
+                x = stage(x)
+                if i in self.out_indices:
+                    outs.append(self._output(i, x.permute(0, 3, 1, 2), H, W))
+            return tuple(outs)
+        tokens, size, maps, picked = self._run_blocks(x)
+        B, C = tokens.shape[0], tokens.shape[-1]
+        levels: Dict[int, Tensor] = {}
+        if self.form == 'vit':
+            levels = self.pyramid(tokens.transpose(1, 2).reshape(B, C, *size))
+        else:
+            levels = {0: maps[0], 1: maps[1], 2: picked.transpose(1, 2).reshape(B, C, *size)}
+            if 3 in self.out_indices:
+                patches = self._class_attention(tokens)[:, 1:]
+                levels[3] = self.downsample(patches.transpose(1, 2).reshape(B, C, *size))
+        return tuple(self._output(i, levels[i], H, W) for i in self.out_indices)
+
+    def forward_classifier(self, x: Tensor) -> Tensor:
+        """(B, C_in, H, W) -> (B, C) pooled features for a linear classifier: the normalised class token
+        (vit, hybrid; needs ``classifier=True``) or the mean of the normalised last Swin stage (needs
+        ``3 in out_indices`` and ``out_norms``)."""
+        self._check_input(x)
+        if self.form == 'swin':
+            return self(x)[-1].mean(dim=(2, 3))
+        if not hasattr(self, 'cls_norm'):
+            raise RuntimeError('forward_classifier needs FAN(..., classifier=True)')
+        tokens = self._run_blocks(x)[0]
+        return self.cls_norm(self._class_attention(tokens))[:, 0]
+
+    def _freeze_stages(self):
+        if self.frozen_stages < 0:
+            return
+        if self.form == 'swin':
+            frozen = [self.patch_embed, *self.stages[:self.frozen_stages]]
+            frozen += [getattr(self, f'norm{i}') for i in range(self.frozen_stages)
+                       if i in self.out_indices and self.out_norms]
+        else:
+            frozen = [self.patch_embed, self.pos_embed, *self.blocks[:self.frozen_stages]]
+        self._freeze(frozen)
+
+
+def _build_bn(norm_cfg: dict, channels: int) -> nn.Module:
+    return build_norm_layer(norm_cfg, channels)[1]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Checkpoints: official FAN release files (ViT / hybrid classifiers, detection backbones, Swin), mm-style files.
+# ---------------------------------------------------------------------------------------------------------
+_OFFICIAL_MARK = re.compile(r'^(layers\.\d+\.)?blocks\.\d+\.mlp\.temperature$')
+_MM_MARK = re.compile(r'^(stages\.\d+\.)?blocks\.\d+\.channel_attn\.temperature$')
+_CHANNEL_ATTN = re.compile(r'^((?:stages\.\d+\.)?blocks\.\d+)\.mlp\.(temperature|q\.|mlp_v\.|norm_v\.)')
+
+
+def official_to_mmvisatt_key(key: str) -> str:
+    """One official FAN (vit / hybrid / detection) key -> the FAN module's key (without 'backbone.')."""
+    key = key.replace('pos_embeder.', 'pos_embed.').replace('pos_embed.token_projection.', 'pos_embed.proj.')
+    key = key.replace('patch_embed.backbone.', 'patch_embed.').replace('learnable_downsample.', 'downsample.')
+    key = re.sub(r'^norm\.', 'cls_norm.', key)
+    return _CHANNEL_ATTN.sub(r'\1.channel_attn.\2', key)
+
+
+def official_swin_to_mmvisatt_key(key: str, num_stages: int = 4) -> str:
+    """One official FAN-Swin key -> the FAN module's key; patch merging moves to the start of the next stage."""
+    m = re.match(r'layers\.(\d+)\.downsample\.(.*)', key)
+    if m:
+        return f'stages.{int(m.group(1)) + 1}.downsample.{m.group(2)}'
+    key = re.sub(r'^layers\.', 'stages.', key)
+    key = re.sub(r'^norm\.', f'norm{num_stages - 1}.', key)
+    return _CHANNEL_ATTN.sub(r'\1.channel_attn.\2', key)
+
+
+def _split_fused_class_attention(state_dict: Dict[str, Tensor]) -> Dict[str, Tensor]:
+    # XCiT-format class attention with one qkv projection (the official checkpoint_filter_fn handles it too)
+    out = {}
+    for key, value in state_dict.items():
+        m = re.match(r'(cls_attn_blocks\.\d+\.attn\.)qkv\.(weight|bias)$', key)
+        if m:
+            for name, part in zip('qkv', value.chunk(3, dim=0)):
+                out[f'{m.group(1)}{name}.{m.group(2)}'] = part
+        else:
+            out[key] = value
+    return out
+
+
+def _from_official(state_dict) -> Dict[str, Tensor]:
+    state_dict = _split_fused_class_attention(dict(state_dict))
+    swin = any(k.startswith('layers.') for k in state_dict)
+    out = {}
+    for key, value in state_dict.items():
+        if key.endswith(('relative_position_index', 'attn_mask')):
+            continue
+        if key.startswith('head.'):
+            out['head.fc.' + key.split('.')[-1]] = value
+            continue
+        out['backbone.' + (official_swin_to_mmvisatt_key(key) if swin else official_to_mmvisatt_key(key))] = value
+    return out
+
+
+@register_converter('fan')
+def convert_fan_checkpoint(state_dict) -> Optional[Tuple[Dict[str, Tensor], str]]:
+    """Official FAN (classifier, detection/segmentation backbone, Swin) or mmvisatt keys -> mm-style FAN keys.
+
+    The classifier's ``head`` becomes ``head.fc``; buffers Swin rebuilds (``relative_position_index``,
+    ``attn_mask``) are dropped.
+    """
+    keys = set(state_dict)
+    if any(k.startswith('backbone.') for k in keys):
+        inner = {k[len('backbone.'):]: v for k, v in state_dict.items() if k.startswith('backbone.')}
+        heads = {k: v for k, v in state_dict.items() if k.startswith('head.')}
+        if any(_MM_MARK.match(k) for k in inner):
+            return {**{'backbone.' + k: v for k, v in inner.items()}, **heads}, 'mmvisatt'
+        if any(_OFFICIAL_MARK.match(k) for k in inner):
+            # an official detection/segmentation model saved by mmdet/mmseg
+            return _from_official(inner), 'official-fan-dense'
+        return None
+    if any(_MM_MARK.match(k) for k in keys):
+        return {('' if k.startswith('head.') else 'backbone.') + k: v for k, v in state_dict.items()}, 'mmvisatt'
+    if not any(_OFFICIAL_MARK.match(k) for k in keys):
+        return None
+    swin = any(k.startswith('layers.') for k in keys)
+    return _from_official(state_dict), 'official-fan-swin' if swin else 'official-fan'

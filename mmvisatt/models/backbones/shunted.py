@@ -1,0 +1,341 @@
+"""Shunted Transformer (Ren et al., "Shunted Self-Attention via Multi-Scale Token Aggregation", CVPR 2022).
+
+A four-stage pyramid (strides 4/8/16/32). A convolutional stem replaces the first patch embedding; later stages
+start with an overlapping 3x3 stride-2 patch embedding. In every stage with ``sr_ratio`` r > 1, half of the heads
+attend to keys/values aggregated at rate r and the other half at rate r / 2
+(:class:`~mmvisatt.models.layers.ShuntedAttention`); stages with r = 1 use plain attention. The feed-forward
+network adds a depthwise 3x3 conv to its hidden activations before the GELU ("detail-specific FFN"). Every stage
+ends with a LayerNorm whose output is both the stage's dense feature and the next stage's input.
+
+Odd input sizes (``odd_size``):
+
+- ``'pad'`` (default): the stem's 2x2 stride-2 conv and the key/value aggregation convs zero-pad their input at
+  the bottom/right to a multiple of their stride, so nothing is dropped and stage i has
+  ceil(H / 2**(i+2)) x ceil(W / 2**(i+2)) positions, for any input of at least 4x4 pixels.
+- ``'floor'``: the official behaviour. Those convs floor, silently dropping the border rows/columns that do not
+  fill a window, and the input must be large enough for every aggregation conv to fit once.
+
+Both are identical when the stage-1 map is divisible by the largest rate, e.g. for inputs padded to a multiple of
+32 (mmdet's ``Pad(size_divisor=32)``) with the official rates.
+"""
+import re
+from typing import Dict, List, Optional, Sequence, Tuple, Union
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import torch.utils.checkpoint as cp
+from mmcv.cnn import ConvModule
+from mmengine.model.weight_init import constant_init, normal_init, trunc_normal_init
+from mmengine.registry import MODELS
+from timm.layers import DropPath
+from torch import Tensor
+
+from mmvisatt.checkpoint import register_converter
+from ..layers.shunted_attention import ODD_SIZES, ShuntedAttention, check_choice
+from .base import AttentionBackbone
+
+Size = Tuple[int, int]
+
+
+def shunted_rates(sr_ratio: int) -> Tuple[int, ...]:
+    """Head-group rates of a stage: (r, r / 2) for r > 1, none (plain attention) for r = 1."""
+    if sr_ratio == 1:
+        return ()
+    if sr_ratio < 1 or sr_ratio % 2:
+        raise ValueError(f'sr_ratio must be 1 or even (coarse rate r, fine rate r / 2), got {sr_ratio}')
+    return sr_ratio, sr_ratio // 2
+
+
+class DetailSpecificFFN(nn.Module):
+    """fc1 -> GELU(h + DWConv3x3(h)) -> fc2 (PVTv2's FFN has no residual around the depthwise conv)."""
+
+    def __init__(self, dim: int, hidden_dim: int, drop: float = 0.):
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden_dim)
+        self.dwconv = nn.Conv2d(hidden_dim, hidden_dim, 3, padding=1, groups=hidden_dim)
+        self.act = nn.GELU()
+        self.fc2 = nn.Linear(hidden_dim, dim)
+        self.drop = nn.Dropout(drop)
+
+    def forward(self, x: Tensor, size: Size) -> Tensor:
+        """x: (B, N, C), size = (H, W) -> (B, N, C)."""
+        x = self.fc1(x)
+        B, N, C = x.shape
+        local = self.dwconv(x.transpose(1, 2).reshape(B, C, *size)).flatten(2).transpose(1, 2)
+        x = self.drop(self.act(x + local))
+        return self.drop(self.fc2(x))
+
+
+class ShuntedBlock(nn.Module):
+    """Pre-norm block: x + DropPath(ShuntedAttention(LN(x))), then x + DropPath(FFN(LN(x)))."""
+
+    def __init__(self, dim: int, num_heads: int, sr_ratio: int, mlp_ratio: float = 4., qkv_bias: bool = True,
+                 qk_scale: Optional[float] = None, drop: float = 0., attn_drop: float = 0., drop_path: float = 0.,
+                 norm_eps: float = 1e-6, odd_size: str = 'pad', attn_impl: str = 'sdpa'):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim, eps=norm_eps)
+        self.attn = ShuntedAttention(dim, num_heads, shunted_rates(sr_ratio), qkv_bias, qk_scale, attn_drop, drop,
+                                     odd_size, attn_impl)
+        self.drop_path = DropPath(drop_path) if drop_path > 0. else nn.Identity()
+        self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
+        self.mlp = DetailSpecificFFN(dim, int(dim * mlp_ratio), drop)
+
+    def forward(self, x: Tensor, size: Size) -> Tensor:
+        x = x + self.drop_path(self.attn(self.norm1(x), size))
+        return x + self.drop_path(self.mlp(self.norm2(x), size))
+
+
+class ConvStem(nn.Module):
+    """Stride-4 stem: 7x7/2 conv-BN-ReLU, ``num_conv`` x 3x3 conv-BN-ReLU, 2x2/2 conv, LayerNorm (eps 1e-5)."""
+
+    def __init__(self, in_channels: int, dim: int, num_conv: int = 0, odd_size: str = 'pad',
+                 norm_cfg: Optional[dict] = None):
+        super().__init__()
+        norm_cfg = norm_cfg or dict(type='BN')
+        self.pad = check_choice('odd_size', odd_size, ODD_SIZES) == 'pad'
+        self.convs = nn.ModuleList([ConvModule(in_channels, dim, 7, 2, 3, norm_cfg=norm_cfg)])
+        self.convs.extend(ConvModule(dim, dim, 3, 1, 1, norm_cfg=norm_cfg) for _ in range(num_conv))
+        self.proj = nn.Conv2d(dim, dim, kernel_size=2, stride=2)
+        self.norm = nn.LayerNorm(dim)
+
+    def forward(self, x: Tensor) -> Tuple[Tensor, Size]:
+        """(B, C_in, H, W) -> tokens (B, h * w, C) and (h, w), h = ceil(H / 4) ('pad') or floor(ceil(H / 2) / 2)."""
+        for conv in self.convs:
+            x = conv(x)
+        if self.pad:
+            x = F.pad(x, (0, x.shape[-1] % 2, 0, x.shape[-2] % 2))
+        x = self.proj(x)
+        size = tuple(x.shape[-2:])
+        return self.norm(x.flatten(2).transpose(1, 2)), size
+
+
+class OverlapPatchEmbed(nn.Module):
+    """3x3 stride-2 conv (padding 1, so ceil(H / 2) rows) -> LayerNorm (eps 1e-5)."""
+
+    def __init__(self, in_dim: int, dim: int):
+        super().__init__()
+        self.proj = nn.Conv2d(in_dim, dim, kernel_size=3, stride=2, padding=1)
+        self.norm = nn.LayerNorm(dim)
+
+    def forward(self, x: Tensor) -> Tuple[Tensor, Size]:
+        x = self.proj(x)
+        size = tuple(x.shape[-2:])
+        return self.norm(x.flatten(2).transpose(1, 2)), size
+
+
+class ShuntedStage(nn.Module):
+    """Patch embedding (the stem in stage 0), ``depth`` shunted blocks and the stage LayerNorm."""
+
+    def __init__(self, patch_embed: nn.Module, blocks: List[ShuntedBlock], dim: int, norm_eps: float = 1e-6,
+                 with_cp: bool = False):
+        super().__init__()
+        self.with_cp = with_cp
+        self.patch_embed = patch_embed
+        self.blocks = nn.ModuleList(blocks)
+        self.norm = nn.LayerNorm(dim, eps=norm_eps)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """(B, C_in, H, W) -> normalised (B, C, h, w)."""
+        x, size = self.patch_embed(x)
+        for block in self.blocks:
+            if self.with_cp and x.requires_grad:
+                x = cp.checkpoint(block, x, size, use_reentrant=False)
+            else:
+                x = block(x, size)
+        x = self.norm(x)
+        return x.transpose(1, 2).reshape(x.shape[0], -1, *size).contiguous()
+
+
+@MODELS.register_module()
+class ShuntedTransformer(AttentionBackbone):
+    """Shunted Transformer as a multi-scale backbone (OliverRensu/Shunted-Transformer, classifier head removed).
+
+    Args:
+        arch: 't', 's', 'b' (Shunted-T/S/B, also 'shunted_t', 'tiny', ...) or a dict with ``embed_dims``,
+            ``depths``, ``num_heads``, ``mlp_ratios``, ``sr_ratios`` (one entry per stage) and optionally
+            ``num_conv`` (extra 3x3 stem convs, default 0). The stem width is ``embed_dims[0]`` (64 officially).
+        in_channels: image channels.
+        qkv_bias, qk_scale: query/key/value biases and an optional override of head_dim ** -0.5.
+        norm_eps: eps of the block and stage LayerNorms (1e-6 in all official models; the stem, patch-embedding
+            and aggregation LayerNorms keep the default 1e-5, as in the official code).
+        odd_size: ``'pad'`` (default) or ``'floor'`` (official), see the module docstring.
+        attn_impl: ``'sdpa'`` (fused attention per head group) or ``'explicit'`` (reference softmax).
+        norm_cfg: norm of the stem convs (BatchNorm; e.g. ``dict(type='SyncBN')`` for distributed training).
+        drop_rate, attn_drop_rate, drop_path_rate: dropout after FFN/projection, on attention probabilities, and
+            the largest stochastic-depth rate (linearly increasing over all blocks).
+        out_indices: stages whose normalised outputs are returned, strides 4/8/16/32.
+        frozen_stages: -1 freezes nothing, 0 the stem, k >= 1 the stem and stages 0..k-1 (with their norms).
+        norm_eval: keep normalisation layers (the stem BatchNorms) in eval mode while training.
+        with_cp: activation checkpointing per block.
+    """
+    arch_zoo: Dict[str, dict] = {
+        't': dict(embed_dims=(64, 128, 256, 512), depths=(1, 2, 4, 1), num_heads=(2, 4, 8, 16),
+                  mlp_ratios=(8, 8, 4, 4), sr_ratios=(8, 4, 2, 1), num_conv=0),
+        's': dict(embed_dims=(64, 128, 256, 512), depths=(2, 4, 12, 1), num_heads=(2, 4, 8, 16),
+                  mlp_ratios=(8, 8, 4, 4), sr_ratios=(8, 4, 2, 1), num_conv=1),
+        'b': dict(embed_dims=(64, 128, 256, 512), depths=(3, 4, 24, 2), num_heads=(2, 4, 8, 16),
+                  mlp_ratios=(8, 8, 4, 4), sr_ratios=(8, 4, 2, 1), num_conv=2),
+    }
+    _arch_keys = ('embed_dims', 'depths', 'num_heads', 'mlp_ratios', 'sr_ratios')
+    _arch_prefix = 'shunted'
+    # The official classifier has every tensor of this backbone (its stage norms are on the main path).
+    new_keys: Tuple[str, ...] = ()
+
+    def __init__(self, arch: Union[str, dict] = 't', in_channels: int = 3, qkv_bias: bool = True,
+                 qk_scale: Optional[float] = None, norm_eps: float = 1e-6, odd_size: str = 'pad',
+                 attn_impl: str = 'sdpa', norm_cfg: Optional[dict] = None, drop_rate: float = 0.,
+                 attn_drop_rate: float = 0., drop_path_rate: float = 0.1, out_indices: Sequence[int] = (0, 1, 2, 3),
+                 frozen_stages: int = -1, norm_eval: bool = False, with_cp: bool = False,
+                 init_cfg: Optional[dict] = None):
+        super().__init__(init_cfg=init_cfg)
+        arch = self._resolve_arch(arch)
+        dims, depths, heads = arch['embed_dims'], arch['depths'], arch['num_heads']
+        num_stages = len(depths)
+        self.in_channels = in_channels
+        self.odd_size = check_choice('odd_size', odd_size, ODD_SIZES)
+        self.sr_ratios = tuple(arch['sr_ratios'])
+        self.out_indices = self._check_out_indices(out_indices, num_stages)
+        self.frozen_stages = frozen_stages
+        self.norm_eval = norm_eval
+        self.num_features = list(dims)
+
+        rates = iter(torch.linspace(0, drop_path_rate, sum(depths), device='cpu').tolist())
+        self.stages = nn.ModuleList()
+        for i in range(num_stages):
+            if i == 0:
+                patch_embed = ConvStem(in_channels, dims[0], arch.get('num_conv', 0), odd_size, norm_cfg)
+            else:
+                patch_embed = OverlapPatchEmbed(dims[i - 1], dims[i])
+            blocks = [
+                ShuntedBlock(dims[i], heads[i], self.sr_ratios[i], arch['mlp_ratios'][i], qkv_bias, qk_scale,
+                             drop_rate, attn_drop_rate, next(rates), norm_eps, odd_size, attn_impl)
+                for _ in range(depths[i])
+            ]
+            self.stages.append(ShuntedStage(patch_embed, blocks, dims[i], norm_eps, with_cp))
+        self._freeze_stages()
+
+    @classmethod
+    def _resolve_arch(cls, arch: Union[str, dict]) -> dict:
+        arch = super()._resolve_arch(arch)
+        lengths = {k: len(arch[k]) for k in cls._arch_keys}
+        if len(set(lengths.values())) != 1:
+            raise ValueError(f'arch entries need one value per stage, got lengths {lengths}')
+        for i, (dim, heads, sr) in enumerate(zip(arch['embed_dims'], arch['num_heads'], arch['sr_ratios'])):
+            groups = len(shunted_rates(sr)) or 1
+            if dim % heads or heads % groups:
+                raise ValueError(f'stage {i}: embed_dims {dim} must be divisible by num_heads {heads}, and '
+                                 f'num_heads by the {groups} head group(s) of sr_ratio {sr}')
+        return arch
+
+    @property
+    def min_input_size(self) -> int:
+        if self.odd_size == 'pad':
+            return 4
+        # 'floor' needs every aggregation conv (kernel = sr_ratio) to fit into its stage's map once
+        side = 1
+        while any(s < max(r, 1) for s, r in zip(self.stage_sizes(side), self.sr_ratios)):
+            side += 1
+        return side
+
+    def _check_input(self, x: Tensor) -> None:
+        if self.odd_size == 'floor' and x.dim() == 4 and x.shape[1] == self.in_channels:
+            side = self.min_input_size
+            if min(x.shape[-2:]) < side:
+                raise ValueError(f"ShuntedTransformer with odd_size='floor' needs images of at least {side}x{side} "
+                                 f"pixels (every key/value aggregation window must fit once), got "
+                                 f"{tuple(x.shape[-2:])}; pad the input or use odd_size='pad'.")
+        super()._check_input(x)
+
+    def stage_sizes(self, side: int) -> List[int]:
+        """Side lengths of the stage maps for an input side (the same rule applies to H and W)."""
+        s = (side + 1) // 2
+        s = (s + 1) // 2 if self.odd_size == 'pad' else s // 2
+        sizes = [s]
+        for _ in self.stages[1:]:
+            sizes.append((sizes[-1] + 1) // 2)
+        return sizes
+
+    def init_weights(self):
+        if self._init_from_cfg('shunted'):
+            return
+        # the official initialisation: trunc-normal linears, unit LayerNorms, He-normal (fan-out) convs
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                trunc_normal_init(m, std=.02, bias=0.)
+            elif isinstance(m, nn.LayerNorm):
+                constant_init(m, 1., bias=0.)
+            elif isinstance(m, nn.Conv2d):
+                fan_out = m.kernel_size[0] * m.kernel_size[1] * m.out_channels // m.groups
+                normal_init(m, std=(2. / fan_out) ** 0.5, bias=0.)
+
+    def forward(self, x: Tensor) -> Tuple[Tensor, ...]:
+        """(B, C_in, H, W) -> tuple of (B, num_features[i], h_i, w_i) for ``out_indices``; see ``stage_sizes``."""
+        self._check_input(x)
+        outs = []
+        for i, stage in enumerate(self.stages):
+            x = stage(x)
+            if i in self.out_indices:
+                outs.append(x)
+        return tuple(outs)
+
+    def _freeze_stages(self):
+        if self.frozen_stages < 0:
+            return
+        self._freeze([self.stages[0].patch_embed, *self.stages[:self.frozen_stages]])
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Checkpoints: official release files (ckpt_T/S/B.pth, SSA.py names), towhee's port, mmvisatt (mm-style) files.
+# ---------------------------------------------------------------------------------------------------------
+_OFFICIAL_KEY = 'patch_embed1.conv.0.weight'
+_MM_KEY = 'stages.0.patch_embed.convs.0.conv.weight'
+
+
+def _from_official(state_dict) -> Dict[str, Tensor]:
+    """SSA.py names -> mmvisatt names (``patch_embed{s}``/``block{s}``/``norm{s}`` -> ``stages.{s-1}``)."""
+    stem_indices = [int(k.split('.')[2]) for k in state_dict if k.startswith('patch_embed1.conv.')]
+    last = max(stem_indices)  # the 2x2 projection closes the stem Sequential
+    out = {}
+    for key, value in state_dict.items():
+        if key.startswith('head.'):
+            out['head.fc.' + key[len('head.'):]] = value
+            continue
+        m = re.match(r'patch_embed1\.conv\.(\d+)\.(.*)', key)
+        if m:
+            index, rest = int(m.group(1)), m.group(2)
+            # Sequential: conv, BN, ReLU per stem layer, then the projection
+            part = 'proj' if index == last else f'convs.{index // 3}.' + ('conv' if index % 3 == 0 else 'bn')
+            out[f'backbone.stages.0.patch_embed.{part}.{rest}'] = value
+            continue
+        key = re.sub(r'^(patch_embed|norm)(\d+)\.', lambda g: f'stages.{int(g.group(2)) - 1}.{g.group(1)}.', key)
+        key = re.sub(r'^block(\d+)\.', lambda g: f'stages.{int(g.group(1)) - 1}.blocks.', key)
+        key = re.sub(r'\.attn\.(sr|norm|kv|local_conv)(\d)\.', lambda g: f'.attn.groups.{int(g.group(2)) - 1}.'
+                     f'{g.group(1)}.', key)
+        key = key.replace('.mlp.dwconv.dwconv.', '.mlp.dwconv.')
+        out['backbone.' + key] = value
+    return out
+
+
+@register_converter('shunted')
+def convert_shunted_checkpoint(state_dict) -> Optional[Tuple[Dict[str, Tensor], str]]:
+    """Official Shunted (``ckpt_{T,S,B}.pth``), towhee or mmvisatt keys -> mm-style ShuntedTransformer keys.
+
+    The classifier ``head.*`` becomes ``head.fc.*``. A ``backbone.``-prefixed file may hold either mmvisatt or
+    official names (a detector trained with the official backbone class); other prefixes are kept as they are.
+    """
+    keys = set(state_dict)
+    if any(k.startswith('backbone.') for k in keys):
+        inner = {k[len('backbone.'):]: v for k, v in state_dict.items() if k.startswith('backbone.')}
+        rest = {k: v for k, v in state_dict.items() if not k.startswith('backbone.')}
+        if _MM_KEY in inner:
+            return dict(state_dict), 'mmvisatt'
+        if _OFFICIAL_KEY in inner:
+            return {**rest, **_from_official(inner)}, 'official-shunted'
+        return None
+    if _MM_KEY in keys:
+        return {('' if k.startswith('head.') else 'backbone.') + k: v for k, v in state_dict.items()}, 'mmvisatt'
+    if _OFFICIAL_KEY not in keys:
+        return None
+    towhee = not any('.mlp.dwconv.dwconv.' in k for k in keys)
+    return _from_official(state_dict), 'towhee-shunted' if towhee else 'official-shunted'
