@@ -16,6 +16,9 @@ BACKBONES = {
                  down_channels=48), (1, 3), [24, 48]),
     'ShuntedTransformer': (dict(embed_dims=(16, 32, 32, 64), depths=(1, 1, 1, 1), num_heads=(2, 2, 2, 4),
                                 mlp_ratios=(2, 2, 2, 2), sr_ratios=(8, 4, 2, 1)), (0, 3), [16, 64]),
+    # three stages: a fourth would be 1x1 at 32 px, where training-mode BatchNorm (conv downsampling) fails
+    'RMT': (dict(embed_dims=(16, 32, 64), depths=(1, 1, 1), num_heads=(2, 2, 4)), (0, 2), [16, 64]),
+    'EVT': (dict(embed_dims=(16, 32, 64), depths=(2, 1, 1), num_heads=(2, 2, 4)), (1, 2), [32, 64]),
 }
 
 

@@ -1,0 +1,233 @@
+"""EVT: Advancing Vision Transformer with Enhanced Spatial Priors (Fan et al., arXiv 2604.18549).
+
+EVT extends RMT in two ways the abstract states: the decay uses the Euclidean distance between tokens,
+``gamma ** sqrt(dy^2 + dx^2)``, and the decomposed attention is replaced by spatially independent grouping, whose
+group size is free. Everything else is our reading (no code or full text is public); ``docs/evt.md`` lists each
+choice:
+
+- Euclidean Self-Attention (EuSA) adds ``sqrt(dy^2 + dx^2) * log gamma_h`` (true 2-D positions, per-head gamma as
+  in RMT) to the logits before the softmax. EuSAg attends within consecutive groups of ``group_size`` tokens of
+  the raster-ordered sequence, EuSAd within interleaved groups (stride = number of groups); blocks alternate
+  EuSAg / EuSAd like Swin's W-MSA / SW-MSA, and the last stage attends fully (with the decay).
+- ``style='rmt'`` (presets t/s/b/l) keeps RMT's block, stem, downsampling, LCE and CPE, without the rotary
+  phase; ``style='swin'`` (``swin_t``) is Swin-T with (shifted) window attention replaced by EuSAg / EuSAd.
+"""
+from typing import Dict, Optional, Sequence, Tuple, Union
+
+import torch
+import torch.nn as nn
+import torch.utils.checkpoint as cp
+from mmengine.registry import MODELS
+from timm.layers import DropPath, Mlp
+from torch import Tensor
+
+from mmvisatt.checkpoint import register_converter
+from ..layers.spatial_decay import SpatialDecay, TokenGroups, decayed_attention, group_tokens, ungroup_tokens
+from .revit import PatchEmbed, PatchMerging
+from .rmt import ConvDownsample, ConvStem, RetentiveBlock, DecayBackbone
+
+MODES = ('grouped', 'dilated', 'full')
+
+
+class EuclideanSelfAttention(nn.Module):
+    """EuSA: multi-head attention with a Euclidean spatial decay, within token groups or over the whole map.
+
+    Args:
+        dim: channels.
+        num_heads: heads (each with its own decay).
+        mode: ``'grouped'`` (EuSAg), ``'dilated'`` (EuSAd) or ``'full'``.
+        lce: add a 5x5 depthwise conv of the values to the output (RMT's LCE).
+        fused: ``scaled_dot_product_attention`` or the explicit softmax reference.
+    """
+
+    def __init__(self, dim: int, num_heads: int, mode: str = 'grouped', lce: bool = True, fused: bool = True):
+        super().__init__()
+        if mode not in MODES:
+            raise ValueError(f'EuSA mode must be one of {MODES}, got {mode!r}')
+        self.num_heads = num_heads
+        self.scale = (dim // num_heads) ** -0.5
+        self.mode = mode
+        self.fused = fused
+        self.q_proj = nn.Linear(dim, dim)
+        self.k_proj = nn.Linear(dim, dim)
+        self.v_proj = nn.Linear(dim, dim)
+        self.lce = nn.Conv2d(dim, dim, 5, 1, 2, groups=dim) if lce else None
+        self.out_proj = nn.Linear(dim, dim)
+
+    def forward(self, x: Tensor, bias: Tensor, groups: Optional[TokenGroups] = None) -> Tensor:
+        """x: (B, H, W, C); bias: (heads, HW, HW) for full attention, else (heads, G, g, g) with ``groups``."""
+        B, H, W, C = x.shape
+        q, k, v = self.q_proj(x), self.k_proj(x) * self.scale, self.v_proj(x)
+        local = 0 if self.lce is None else self.lce(v.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)
+        heads = self.num_heads
+        if groups is None:
+            q, k, v = (t.reshape(B, H * W, heads, -1).transpose(1, 2) for t in (q, k, v))
+            out = decayed_attention(q, k, v, bias, self.fused).transpose(1, 2)
+        else:
+            # (B, G, g, heads, d) -> (B, heads * G, g, d): each (head, group) pair is one attention problem
+            q, k, v = (group_tokens(t.reshape(B, H * W, C), groups).unflatten(-1, (heads, -1))
+                       .permute(0, 3, 1, 2, 4).flatten(1, 2) for t in (q, k, v))
+            out = decayed_attention(q, k, v, bias.flatten(0, 1), self.fused)
+            out = ungroup_tokens(out.unflatten(1, (heads, -1)).permute(0, 2, 3, 1, 4).flatten(-2), groups)
+        return self.out_proj(out.reshape(B, H, W, C) + local)
+
+
+class SwinEuSABlock(nn.Module):
+    """A Swin block (LN -> attention -> LN -> MLP, post-residual) with EuSA in place of (S)W-MSA."""
+
+    def __init__(self, dim: int, attn: nn.Module, mlp_ratio: float = 4., drop_path: float = 0.):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim)
+        self.attn = attn
+        self.drop_path = DropPath(drop_path) if drop_path > 0. else nn.Identity()
+        self.norm2 = nn.LayerNorm(dim)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer=nn.GELU)
+
+    def forward(self, x: Tensor, *context) -> Tensor:
+        x = x + self.drop_path(self.attn(self.norm1(x), *context))
+        return x + self.drop_path(self.mlp(self.norm2(x)))
+
+
+class EVTStage(nn.Module):
+    """``depth`` blocks alternating EuSAg / EuSAd (or all full attention), sharing the stage's decay rates, then
+    the optional downsampling. Returns the stage output and the downsampled map."""
+
+    def __init__(self, dim: int, out_dim: Optional[int], depth: int, num_heads: int, mlp_ratio: float,
+                 init_value: float, heads_range: float, full: bool, group_size: int, drop_path: Sequence[float],
+                 layer_scale: Optional[float] = None, style: str = 'rmt', with_cp: bool = False,
+                 fused: bool = True):
+        super().__init__()
+        self.with_cp = with_cp
+        self.group_size = group_size
+        self.decay = SpatialDecay(num_heads, init_value, heads_range)
+        self.modes = ['full' if full else ('grouped', 'dilated')[i % 2] for i in range(depth)]
+        self.blocks = nn.ModuleList()
+        for mode, rate in zip(self.modes, drop_path):
+            if style == 'rmt':
+                attn = EuclideanSelfAttention(dim, num_heads, mode, lce=True, fused=fused)
+                self.blocks.append(RetentiveBlock(dim, attn, mlp_ratio, rate, layer_scale))
+            else:
+                attn = EuclideanSelfAttention(dim, num_heads, mode, lce=False, fused=fused)
+                self.blocks.append(SwinEuSABlock(dim, attn, mlp_ratio, rate))
+        if not out_dim:
+            self.downsample = None
+        else:
+            self.downsample = ConvDownsample(dim, out_dim) if style == 'rmt' else PatchMerging(dim, out_dim)
+
+    def context(self, height: int, width: int, dtype: torch.dtype) -> Dict[str, tuple]:
+        context = {}
+        for mode in set(self.modes):
+            if mode == 'full':
+                context[mode] = (self.decay.grid(height, width, 'euclidean', dtype), )
+            else:
+                groups, bias = self.decay.groups(height, width, self.group_size, mode, dtype)
+                context[mode] = (bias, groups)
+        return context
+
+    def forward(self, x: Tensor) -> Tuple[Tensor, Tensor]:
+        context = self.context(x.shape[1], x.shape[2], x.dtype)
+        for mode, block in zip(self.modes, self.blocks):
+            if self.with_cp and x.requires_grad:
+                x = cp.checkpoint(block, x, *context[mode], use_reentrant=False)
+            else:
+                x = block(x, *context[mode])
+        return x, (x if self.downsample is None else self.downsample(x))
+
+
+@MODELS.register_module()
+class EVT(DecayBackbone):
+    """EVT as a multi-scale backbone (strides 4/8/16/32, NCHW, one LayerNorm per output).
+
+    Args:
+        arch: ``'t'``, ``'s'``, ``'b'``, ``'l'`` (RMT-T/S/B/L shapes; also ``'evt_t'`` ...), ``'swin_t'``
+            (``'evt_swin_t'``: Swin-T with EuSA) or a dict with ``embed_dims``, ``depths``, ``num_heads`` and
+            optionally ``mlp_ratios``, ``init_values``, ``heads_ranges``, ``full_attention`` and
+            ``layer_scales`` (per stage), ``style`` (``'rmt'`` or ``'swin'``) and ``drop_path_rate``.
+        group_size: tokens per EuSAg / EuSAd group (49 = a 7x7 window's worth).
+        drop_path_rate: None takes the preset's value (RMT's 0.1 / 0.15 / 0.4 / 0.5; 0.2 for Swin-T).
+        layer_init_values, fused_attention, out_norms, in_channels, out_indices, frozen_stages, norm_eval,
+        with_cp, init_cfg: as :class:`~mmvisatt.models.backbones.rmt.RMT`.
+    """
+    _rmt_shapes = {
+        't': dict(embed_dims=(64, 128, 256, 512), depths=(2, 2, 8, 2), num_heads=(4, 4, 8, 16),
+                  mlp_ratios=(3, 3, 3, 3), heads_ranges=(4, 4, 6, 6), drop_path_rate=0.1),
+        's': dict(embed_dims=(64, 128, 256, 512), depths=(3, 4, 18, 4), num_heads=(4, 4, 8, 16),
+                  mlp_ratios=(4, 4, 3, 3), heads_ranges=(4, 4, 6, 6), drop_path_rate=0.15),
+        'b': dict(embed_dims=(80, 160, 320, 512), depths=(4, 8, 25, 8), num_heads=(5, 5, 10, 16),
+                  mlp_ratios=(4, 4, 3, 3), heads_ranges=(5, 5, 6, 6), layer_scales=(False, False, True, True),
+                  drop_path_rate=0.4),
+        'l': dict(embed_dims=(112, 224, 448, 640), depths=(4, 8, 25, 8), num_heads=(7, 7, 14, 20),
+                  mlp_ratios=(4, 4, 3, 3), heads_ranges=(6, 6, 6, 6), layer_scales=(False, False, True, True),
+                  drop_path_rate=0.5),
+    }
+    arch_zoo: Dict[str, dict] = {
+        **_rmt_shapes,
+        'swin_t': dict(style='swin', embed_dims=(96, 192, 384, 768), depths=(2, 2, 6, 2), num_heads=(3, 6, 12, 24),
+                       mlp_ratios=(4, 4, 4, 4), heads_ranges=(4, 4, 6, 6),
+                       full_attention=(False, False, False, False), drop_path_rate=0.2),
+    }
+    _arch_keys = ('embed_dims', 'depths', 'num_heads')
+    _arch_prefix = 'evt'
+    _family = 'evt'
+    new_keys = ('norm0.*', 'norm1.*', 'norm2.*', 'norm3.*')
+
+    def __init__(self, arch: Union[str, dict] = 't', in_channels: int = 3, group_size: int = 49,
+                 drop_path_rate: Optional[float] = None, layer_init_values: float = 1e-6,
+                 fused_attention: bool = True, out_norms: bool = True, out_indices: Optional[Sequence[int]] = None,
+                 frozen_stages: int = -1, norm_eval: bool = False, with_cp: bool = False,
+                 init_cfg: Optional[dict] = None):
+        super().__init__(init_cfg=init_cfg)
+        arch = self._resolve_arch(arch)
+        if group_size < 1:
+            raise ValueError(f'group_size must be positive, got {group_size}')
+        dims, depths, heads = list(arch['embed_dims']), list(arch['depths']), list(arch['num_heads'])
+        n = len(depths)
+        keys = ('mlp_ratios', 'init_values', 'heads_ranges', 'full_attention', 'layer_scales')
+        per_stage = {k: list(arch[k]) for k in keys}
+        if any(len(v) != n for v in [dims, heads, *per_stage.values()]):
+            raise ValueError(f'every per-stage EVT arch setting needs {n} entries, got {arch}')
+        style = arch['style']
+        if style not in ('rmt', 'swin'):
+            raise ValueError(f"EVT style must be 'rmt' or 'swin', got {style!r}")
+        self._setup(in_channels, dims, out_indices, frozen_stages, norm_eval, out_norms)
+        self.group_size = group_size
+        self.style = style
+        rate = arch['drop_path_rate'] if drop_path_rate is None else drop_path_rate
+        rates = torch.linspace(0, rate, sum(depths)).tolist()
+        self.patch_embed = ConvStem(in_channels, dims[0]) if style == 'rmt' else PatchEmbed(in_channels, dims[0], 4)
+        self.stages = nn.ModuleList()
+        for i in range(n):
+            start = sum(depths[:i])
+            self.stages.append(EVTStage(
+                dims[i], dims[i + 1] if i < n - 1 else None, depths[i], heads[i], per_stage['mlp_ratios'][i],
+                per_stage['init_values'][i], per_stage['heads_ranges'][i], per_stage['full_attention'][i],
+                group_size, rates[start:start + depths[i]],
+                layer_init_values if per_stage['layer_scales'][i] else None, style, with_cp, fused_attention))
+        self._add_output_norms()
+        self._freeze_stages()
+
+    @classmethod
+    def _resolve_arch(cls, arch: Union[str, dict]) -> dict:
+        arch = super()._resolve_arch(arch)
+        n = len(arch['depths'])
+        arch.setdefault('style', 'rmt')
+        arch.setdefault('mlp_ratios', (3, ) * n)
+        arch.setdefault('init_values', (2, ) * n)
+        arch.setdefault('heads_ranges', (4, ) * n)
+        arch.setdefault('full_attention', tuple(i == n - 1 for i in range(n)))
+        arch.setdefault('layer_scales', (False, ) * n)
+        arch.setdefault('drop_path_rate', 0.1)
+        return arch
+
+
+@register_converter('evt')
+def convert_evt_checkpoint(state_dict) -> Optional[Tuple[Dict[str, Tensor], str]]:
+    """mmvisatt (mm-style) EVT files: there is no official EVT release. RMT files are not EVT files (they carry
+    a rotary phase EVT does not have), so they are left to the RMT converter."""
+    keys = set(state_dict)
+    for prefix in ('backbone.', ''):
+        if prefix + 'stages.0.decay.log_gamma' in keys and prefix + 'stages.0.rotary.angle' not in keys:
+            if prefix:
+                return {k: v for k, v in state_dict.items() if k.startswith(('backbone.', 'head.'))}, 'mmvisatt'
+            return {('' if k.startswith('head.') else 'backbone.') + k: v for k, v in state_dict.items()}, 'mmvisatt'
+    return None

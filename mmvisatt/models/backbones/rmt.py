@@ -1,0 +1,467 @@
+"""RMT: Retentive Networks Meet Vision Transformers (Fan et al., CVPR 2024, arXiv 2309.11523).
+
+Manhattan Self-Attention (MaSA) biases each head's attention by ``|dy| + |dx|`` times the head's ``log gamma``
+(:mod:`mmvisatt.models.layers.spatial_decay`). Early stages decompose it into attention along the width, then
+along the height of the width-attended values. Beyond the paper this follows the released code (qhfan/RMT,
+``classfication_release/RMT.py``): a rotary phase on q and k from the 1-D raster index ``y * W + x``, a 3x3
+depthwise position conv before every block (CPE), a 5x5 depthwise conv of the values added to the attention
+output (LCE), a 4-conv stem, per-preset decomposition (RMT-T decomposes only stages 1-2) and layer scale in
+stages 3-4 of RMT-B/L. Dense outputs get a LayerNorm each, as the official detection code's ``extra_norms``.
+"""
+import re
+from typing import Dict, Optional, Sequence, Tuple, Union
+
+import torch
+import torch.nn as nn
+import torch.utils.checkpoint as cp
+from mmengine.logging import print_log
+from mmengine.registry import MODELS
+from timm.layers import DropPath, trunc_normal_
+from torch import Tensor
+
+from mmvisatt.checkpoint import load_pretrained, read_checkpoint, register_converter
+from ..layers.spatial_decay import SpatialDecay, decayed_attention
+from .base import AttentionBackbone
+
+
+class RasterRotary(nn.Module):
+    """The rotary phase of the RMT code: interleaved (GPT-J style) pairs rotated by ``n * theta_i``, with ``n`` the
+    raster index ``y * W + x`` (so the vertical phase step depends on the width) and
+    ``theta_i = 10000 ** -linspace(0, 1, d / 2)`` (endpoint included), each repeated for its pair.
+    """
+
+    def __init__(self, head_dim: int):
+        super().__init__()
+        if head_dim % 2:
+            raise ValueError(f'the rotary phase needs an even head dimension, got {head_dim}')
+        theta = 1.0 / (10000 ** torch.linspace(0, 1, head_dim // 2))
+        self.register_buffer('angle', theta.repeat_interleave(2))
+
+    def forward(self, height: int, width: int, dtype: torch.dtype) -> Tuple[Tensor, Tensor]:
+        """-> sin, cos of shape (H, W, d)."""
+        # phases reach H*W (66,800 at stride 4 of 1333x800): beyond float16, so always at least float32
+        work = torch.promote_types(self.angle.dtype, torch.float32)
+        index = torch.arange(height * width, device=self.angle.device, dtype=work)
+        phase = (index[:, None] * self.angle.to(work)[None]).view(height, width, -1)
+        return phase.sin().to(dtype), phase.cos().to(dtype)
+
+
+def rotate_pairs(x: Tensor, sin: Tensor, cos: Tensor) -> Tensor:
+    """Rotate each channel pair (x0, x1) of ``x`` (..., d) by the phase: x * cos + (-x1, x0) * sin."""
+    turned = torch.stack((-x[..., 1::2], x[..., ::2]), dim=-1).flatten(-2)
+    return x * cos + turned * sin
+
+
+class ManhattanSelfAttention(nn.Module):
+    """MaSA with the rotary phase and LCE; full over the grid, or decomposed (width, then height).
+
+    Args:
+        dim: channels (value width = dim).
+        num_heads: heads; ``dim // num_heads`` must be even (rotary pairs).
+        decomposed: attend along rows then columns (``chunkwise_recurrent`` in the RMT code).
+        fused: ``scaled_dot_product_attention`` (default) or the explicit softmax reference.
+    """
+
+    def __init__(self, dim: int, num_heads: int, decomposed: bool = False, fused: bool = True):
+        super().__init__()
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.scale = self.head_dim ** -0.5
+        self.decomposed = decomposed
+        self.fused = fused
+        self.q_proj = nn.Linear(dim, dim)
+        self.k_proj = nn.Linear(dim, dim)
+        self.v_proj = nn.Linear(dim, dim)
+        self.lce = nn.Conv2d(dim, dim, 5, 1, 2, groups=dim)
+        self.out_proj = nn.Linear(dim, dim)
+
+    def forward(self, x: Tensor, sin: Tensor, cos: Tensor, bias: Union[Tensor, Tuple[Tensor, Tensor]]) -> Tensor:
+        """x: (B, H, W, C); sin/cos: (H, W, d); bias: (heads, HW, HW) or ((heads, H, H), (heads, W, W))."""
+        B, H, W, C = x.shape
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        lce = self.lce(v.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)
+        q = rotate_pairs(q.view(B, H, W, self.num_heads, -1).permute(0, 3, 1, 2, 4), sin, cos)
+        k = rotate_pairs((k * self.scale).view(B, H, W, self.num_heads, -1).permute(0, 3, 1, 2, 4), sin, cos)
+        v = v.view(B, H, W, self.num_heads, -1).permute(0, 3, 1, 2, 4)  # (B, heads, H, W, d)
+        if self.decomposed:
+            bias_h, bias_w = bias
+            rows = decayed_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), bias_w, self.fused)
+            cols = decayed_attention(q.permute(0, 3, 1, 2, 4), k.permute(0, 3, 1, 2, 4),
+                                     rows.permute(0, 3, 2, 1, 4), bias_h, self.fused)  # (B, W, heads, H, d)
+            out = cols.permute(0, 3, 1, 2, 4)
+        else:
+            out = decayed_attention(q.flatten(2, 3), k.flatten(2, 3), v.flatten(2, 3), bias, self.fused)
+            out = out.transpose(1, 2)
+        return self.out_proj(out.reshape(B, H, W, C) + lce)
+
+
+class ConvFFN(nn.Module):
+    """fc1 -> GELU -> h + DWConv3x3(h) -> fc2, channels-last."""
+
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden)
+        self.act = nn.GELU()
+        self.dwconv = nn.Conv2d(hidden, hidden, 3, 1, 1, groups=hidden)
+        self.fc2 = nn.Linear(hidden, dim)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = self.act(self.fc1(x))
+        x = x + self.dwconv(x.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)
+        return self.fc2(x)
+
+
+class RetentiveBlock(nn.Module):
+    """x += DWConv3x3(x) (CPE); x += ls1 * attn(LN(x)); x += ls2 * FFN(LN(x)), channels-last.
+
+    ``attn`` is any module called as ``attn(x, *context)`` with the context its stage prepares (MaSA here, EuSA
+    in EVT), so the two families share the block.
+    """
+
+    def __init__(self, dim: int, attn: nn.Module, mlp_ratio: float, drop_path: float = 0.,
+                 layer_scale: Optional[float] = None):
+        super().__init__()
+        self.cpe = nn.Conv2d(dim, dim, 3, 1, 1, groups=dim)
+        self.norm1 = nn.LayerNorm(dim, eps=1e-6)
+        self.attn = attn
+        self.norm2 = nn.LayerNorm(dim, eps=1e-6)
+        self.ffn = ConvFFN(dim, int(mlp_ratio * dim))
+        self.drop_path = DropPath(drop_path) if drop_path > 0. else nn.Identity()
+        if layer_scale is not None:
+            self.gamma_1 = nn.Parameter(torch.full((dim, ), float(layer_scale)))
+            self.gamma_2 = nn.Parameter(torch.full((dim, ), float(layer_scale)))
+        else:
+            self.gamma_1 = self.gamma_2 = None
+
+    def forward(self, x: Tensor, *context) -> Tensor:
+        x = x + self.cpe(x.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)
+        y = self.attn(self.norm1(x), *context)
+        x = x + self.drop_path(y if self.gamma_1 is None else self.gamma_1 * y)
+        y = self.ffn(self.norm2(x))
+        return x + self.drop_path(y if self.gamma_2 is None else self.gamma_2 * y)
+
+
+class ConvStem(nn.Module):
+    """Four 3x3 convs (stride 2, 1, 2, 1; widths C/2, C/2, C, C), each with BatchNorm, GELU after the first
+    three: (B, C_in, H, W) -> (B, ceil(H/4), ceil(W/4), C)."""
+
+    def __init__(self, in_channels: int, dim: int):
+        super().__init__()
+        half = dim // 2
+        layers = []
+        for i, (cin, cout, stride) in enumerate([(in_channels, half, 2), (half, half, 1), (half, dim, 2),
+                                                 (dim, dim, 1)]):
+            layers += [nn.Conv2d(cin, cout, 3, stride, 1), nn.BatchNorm2d(cout)]
+            if i < 3:
+                layers.append(nn.GELU())
+        self.proj = nn.Sequential(*layers)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.proj(x).permute(0, 2, 3, 1)
+
+
+class ConvDownsample(nn.Module):
+    """3x3 stride-2 conv + BatchNorm: (B, H, W, C) -> (B, ceil(H/2), ceil(W/2), C_out)."""
+
+    def __init__(self, dim: int, out_dim: int):
+        super().__init__()
+        self.reduction = nn.Conv2d(dim, out_dim, 3, 2, 1)
+        self.norm = nn.BatchNorm2d(out_dim)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.norm(self.reduction(x.permute(0, 3, 1, 2))).permute(0, 2, 3, 1)
+
+
+class RMTStage(nn.Module):
+    """``depth`` blocks sharing one decay (and rotary) context, then the optional downsampling.
+
+    Returns the stage output (at the stage's resolution) and the downsampled map for the next stage.
+    """
+
+    def __init__(self, dim: int, out_dim: Optional[int], depth: int, num_heads: int, mlp_ratio: float,
+                 init_value: float, heads_range: float, decomposed: bool, drop_path: Sequence[float],
+                 layer_scale: Optional[float] = None, with_cp: bool = False, fused: bool = True):
+        super().__init__()
+        self.with_cp = with_cp
+        self.decomposed = decomposed
+        self.rotary = RasterRotary(dim // num_heads)
+        self.decay = SpatialDecay(num_heads, init_value, heads_range)
+        self.blocks = nn.ModuleList([
+            RetentiveBlock(dim, ManhattanSelfAttention(dim, num_heads, decomposed, fused), mlp_ratio,
+                           drop_path[i], layer_scale) for i in range(depth)
+        ])
+        self.downsample = ConvDownsample(dim, out_dim) if out_dim else None
+
+    def context(self, height: int, width: int, dtype: torch.dtype) -> tuple:
+        sin, cos = self.rotary(height, width, dtype)
+        if self.decomposed:
+            bias = (self.decay.line(height, dtype), self.decay.line(width, dtype))
+        else:
+            bias = self.decay.grid(height, width, 'manhattan', dtype)
+        return sin, cos, bias
+
+    def forward(self, x: Tensor) -> Tuple[Tensor, Tensor]:
+        context = self.context(x.shape[1], x.shape[2], x.dtype)
+        for block in self.blocks:
+            if self.with_cp and x.requires_grad:
+                x = cp.checkpoint(block, x, *context, use_reentrant=False)
+            else:
+                x = block(x, *context)
+        return x, (x if self.downsample is None else self.downsample(x))
+
+
+class DecayBackbone(AttentionBackbone):
+    """What RMT and EVT share: building from a preset, stage loop with output norms, freezing, init, loading."""
+    _family = ''
+    # Entries of release files chosen over plain 'model' weights when present (the EMA the papers report).
+    _release_keys = ('model_ema', )
+
+    def _setup(self, in_channels: int, dims: Sequence[int], out_indices: Optional[Sequence[int]],
+               frozen_stages: int, norm_eval: bool, out_norms: bool) -> None:
+        self.in_channels = in_channels
+        self.out_norms = out_norms
+        # None = every stage: (0, 1, 2, 3) for the presets, fewer for a shallower arch dict
+        out_indices = range(len(dims)) if out_indices is None else out_indices
+        self.out_indices = self._check_out_indices(out_indices, len(dims))
+        self.frozen_stages = frozen_stages
+        self.norm_eval = norm_eval
+        self.num_features = list(dims)
+
+    def _add_output_norms(self) -> None:
+        for i in self.out_indices if self.out_norms else ():
+            self.add_module(f'norm{i}', nn.LayerNorm(self.num_features[i]))
+
+    @property
+    def min_input_size(self) -> int:
+        # a stride-32 cell of a smaller image would be computed from padding more than from pixels
+        return 32
+
+    def forward(self, x: Tensor) -> Tuple[Tensor, ...]:
+        """(B, C_in, H, W) -> tuple of (B, num_features[i], ceil(H / 2**(i+2)), ceil(W / 2**(i+2)))."""
+        self._check_input(x)
+        x = self.patch_embed(x)
+        outs = []
+        for i, stage in enumerate(self.stages):
+            out, x = stage(x)
+            if i in self.out_indices:
+                if self.out_norms:
+                    out = getattr(self, f'norm{i}')(out)
+                outs.append(out.permute(0, 3, 1, 2).contiguous())
+        return tuple(outs)
+
+    def _freeze_stages(self):
+        if self.frozen_stages < 0:
+            return
+        frozen = [self.patch_embed] + [self.stages[i] for i in range(min(self.frozen_stages, len(self.stages)))]
+        if self.out_norms:
+            frozen += [getattr(self, f'norm{i}') for i in range(self.frozen_stages) if i in self.out_indices]
+        self._freeze(frozen)
+
+    def _default_init(self) -> None:
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                trunc_normal_(m.weight, std=.02)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+            elif isinstance(m, nn.LayerNorm):
+                nn.init.ones_(m.weight)
+                nn.init.zeros_(m.bias)
+
+    def init_weights(self):
+        if self._init_from_cfg(self._family):
+            return
+        self._default_init()
+
+    def _init_from_cfg(self, family: str) -> bool:
+        cfg = self.init_cfg
+        if isinstance(cfg, dict) and cfg.get('type') == 'Pretrained':
+            checkpoint = cfg['checkpoint']
+            if isinstance(checkpoint, str):
+                checkpoint = read_checkpoint(checkpoint)
+            weights = select_release_weights(checkpoint, cfg.get('checkpoint_key', self._release_keys))
+            load_pretrained(self, weights, family=family, allow_missing=self.new_keys)
+            self._is_init = True
+            return True
+        return super()._init_from_cfg(family)
+
+
+def select_release_weights(checkpoint: dict, keys: Union[str, Sequence[str]]) -> dict:
+    """The entry of a training checkpoint to load: the first of ``keys`` present (e.g. ``'model_ema'``), else the
+    checkpoint itself (unwrapped later). The RMT/DeiT ``main.py`` saves both ``model`` and ``model_ema``;
+    the generic unwrapping would pick ``model``."""
+    for key in [keys] if isinstance(keys, str) else keys:
+        if isinstance(checkpoint.get(key), dict):
+            print_log(f"Using the '{key}' weights of the checkpoint", logger='current')
+            return checkpoint[key]
+    return checkpoint
+
+
+@MODELS.register_module()
+class RMT(DecayBackbone):
+    """RMT as a multi-scale backbone (strides 4/8/16/32, NCHW, one LayerNorm per output).
+
+    Args:
+        arch: ``'t'``, ``'s'``, ``'b'``, ``'l'`` (also ``'rmt_t'`` ...; the official ``RMT_T3``, ``RMT_S``,
+            ``RMT_M2``, ``RMT_L6``) or a dict with ``embed_dims``, ``depths``, ``num_heads`` and optionally
+            ``mlp_ratios``, ``init_values`` (a), ``heads_ranges`` (b - a), ``decomposed`` (per stage),
+            ``layer_scales`` (per stage) and ``drop_path_rate``.
+        in_channels: image channels.
+        drop_path_rate: stochastic depth at the last block; None takes the preset's official value
+            (0.1 / 0.15 / 0.4 / 0.5 for T / S / B / L, also what the official detection configs use).
+        layer_init_values: initial layer-scale value where the arch has layer scale.
+        fused_attention: ``scaled_dot_product_attention`` (True) or the explicit softmax reference.
+        out_norms: a LayerNorm per output (dense tasks, as the official ``extra_norms``); False returns the raw
+            stage outputs, which the official classifier reads (with :class:`RMTProjectionNeck`).
+        out_indices: outputs to return (default: all stages, i.e. (0, 1, 2, 3)).
+        frozen_stages, norm_eval, with_cp, init_cfg: as every mmvisatt backbone. A ``Pretrained``
+            init_cfg may name ``checkpoint_key`` (e.g. ``'model'``) to pick an entry of a release file;
+            by default ``model_ema`` is used when present (the weights RMT-S/B/L report; RMT-T reports
+            ``model``, which the ``'t'`` preset picks).
+    """
+    _defaults = dict(init_values=(2, 2, 2, 2), decomposed=(True, True, True, False),
+                     layer_scales=(False, False, False, False), drop_path_rate=0.1)
+    arch_zoo: Dict[str, dict] = {
+        't': dict(embed_dims=(64, 128, 256, 512), depths=(2, 2, 8, 2), num_heads=(4, 4, 8, 16),
+                  mlp_ratios=(3, 3, 3, 3), heads_ranges=(4, 4, 6, 6), decomposed=(True, True, False, False),
+                  drop_path_rate=0.1),
+        's': dict(embed_dims=(64, 128, 256, 512), depths=(3, 4, 18, 4), num_heads=(4, 4, 8, 16),
+                  mlp_ratios=(4, 4, 3, 3), heads_ranges=(4, 4, 6, 6), drop_path_rate=0.15),
+        'b': dict(embed_dims=(80, 160, 320, 512), depths=(4, 8, 25, 8), num_heads=(5, 5, 10, 16),
+                  mlp_ratios=(4, 4, 3, 3), heads_ranges=(5, 5, 6, 6), layer_scales=(False, False, True, True),
+                  drop_path_rate=0.4),
+        'l': dict(embed_dims=(112, 224, 448, 640), depths=(4, 8, 25, 8), num_heads=(7, 7, 14, 20),
+                  mlp_ratios=(4, 4, 3, 3), heads_ranges=(6, 6, 6, 6), layer_scales=(False, False, True, True),
+                  drop_path_rate=0.5),
+    }
+    _arch_keys = ('embed_dims', 'depths', 'num_heads')
+    _arch_prefix = 'rmt'
+    _family = 'rmt'
+    new_keys = ('norm0.*', 'norm1.*', 'norm2.*', 'norm3.*')
+
+    def __init__(self, arch: Union[str, dict] = 't', in_channels: int = 3, drop_path_rate: Optional[float] = None,
+                 layer_init_values: float = 1e-6, fused_attention: bool = True, out_norms: bool = True,
+                 out_indices: Optional[Sequence[int]] = None, frozen_stages: int = -1, norm_eval: bool = False,
+                 with_cp: bool = False, init_cfg: Optional[dict] = None):
+        super().__init__(init_cfg=init_cfg)
+        if isinstance(arch, str) and self._resolve_arch(arch) == self._resolve_arch('t'):
+            # issue #25: RMT-T's reported accuracy is of the non-EMA weights
+            self._release_keys = ('model', 'model_ema')
+        arch = self._resolve_arch(arch)
+        dims, depths, heads = list(arch['embed_dims']), list(arch['depths']), list(arch['num_heads'])
+        n = len(depths)
+        keys = ('mlp_ratios', 'init_values', 'heads_ranges', 'decomposed', 'layer_scales')
+        per_stage = {k: list(arch[k]) for k in keys}
+        if any(len(v) != n for v in [dims, heads, *per_stage.values()]):
+            raise ValueError(f'every per-stage RMT arch setting needs {n} entries, got {arch}')
+        self._setup(in_channels, dims, out_indices, frozen_stages, norm_eval, out_norms)
+        rate = arch['drop_path_rate'] if drop_path_rate is None else drop_path_rate
+        rates = torch.linspace(0, rate, sum(depths)).tolist()
+        self.patch_embed = ConvStem(in_channels, dims[0])
+        self.stages = nn.ModuleList()
+        for i in range(n):
+            start = sum(depths[:i])
+            self.stages.append(RMTStage(
+                dims[i], dims[i + 1] if i < n - 1 else None, depths[i], heads[i], per_stage['mlp_ratios'][i],
+                per_stage['init_values'][i], per_stage['heads_ranges'][i], per_stage['decomposed'][i],
+                rates[start:start + depths[i]], layer_init_values if per_stage['layer_scales'][i] else None,
+                with_cp, fused_attention))
+        self._add_output_norms()
+        self._freeze_stages()
+
+    @classmethod
+    def _resolve_arch(cls, arch: Union[str, dict]) -> dict:
+        arch = super()._resolve_arch(arch)
+        n = len(arch['depths'])
+        for key, default in cls._defaults.items():
+            arch.setdefault(key, default if not isinstance(default, tuple) else default[:n])
+        arch.setdefault('mlp_ratios', (3, ) * n)
+        arch.setdefault('heads_ranges', (4, ) * n)
+        return arch
+
+
+@MODELS.register_module()
+class RMTProjectionNeck(nn.Module):
+    """The official RMT classifier up to its logits: Linear(C -> projection) on every token, BatchNorm, Swish,
+    mean over tokens. An mmpretrain ``ImageClassifier`` neck: reads the last (raw, ``out_norms=False``) backbone
+    output and returns ``((B, projection), )`` for a ``LinearClsHead`` with ``in_channels=projection``.
+    """
+
+    def __init__(self, in_channels: int, projection: int = 1024):
+        super().__init__()
+        self.proj = nn.Linear(in_channels, projection)
+        self.norm = nn.BatchNorm2d(projection)
+
+    def forward(self, inputs: Tuple[Tensor, ...]) -> Tuple[Tensor]:
+        x = self.norm(self.proj(inputs[-1].permute(0, 2, 3, 1)).permute(0, 3, 1, 2))
+        return ((x * torch.sigmoid(x)).mean(dim=(2, 3)), )
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Checkpoints: official classification (plain / token-labelling, raw or in 'model' / 'model_ema'), official
+# detection/segmentation ('backbone.' + extra_norms), and mmvisatt (mm-style) files.
+# ---------------------------------------------------------------------------------------------------------
+_OFFICIAL_KEY = 'layers.0.blocks.0.retention.q_proj.weight'
+_MM_KEY = 'stages.0.rotary.angle'
+_BLOCK_RENAMES = (('retention_layer_norm.', 'norm1.'), ('final_layer_norm.', 'norm2.'),
+                  ('retention.lepe.conv.', 'attn.lce.'), ('retention.', 'attn.'), ('ffn.dwconv.conv.', 'ffn.dwconv.'),
+                  ('pos.conv.', 'cpe.'))
+# the classifier as an mmpretrain ImageClassifier: RMTProjectionNeck + LinearClsHead
+_HEAD_RENAMES = {'proj': 'neck.proj', 'norm': 'neck.norm', 'head': 'head.fc'}
+
+
+def _rename_official(key: str) -> Optional[str]:
+    """An official RMT backbone key -> the mmvisatt backbone key (without prefix); None for the classifier."""
+    m = re.match(r'layers\.(\d+)\.(.*)', key)
+    if m:
+        stage, rest = m.groups()
+        rest = rest.replace('Relpos.angle', 'rotary.angle').replace('Relpos.decay', 'decay.log_gamma')
+        for old, new in _BLOCK_RENAMES:
+            rest = re.sub(r'^(blocks\.\d+\.)' + re.escape(old), r'\g<1>' + new, rest)
+        return f'stages.{stage}.{rest}'
+    m = re.match(r'extra_norms\.(\d+)\.(.*)', key)
+    if m:
+        return f'norm{m.group(1)}.{m.group(2)}'
+    if key.startswith('patch_embed.'):
+        return key
+    return None
+
+
+def _convert_official(state_dict) -> Dict[str, Tensor]:
+    out, dropped = {}, []
+    for key, value in state_dict.items():
+        new = _rename_official(key)
+        if new is not None:
+            if re.search(r'\.gamma_[12]$', new):
+                value = value.reshape(-1)  # official (1, 1, 1, C)
+            out['backbone.' + new] = value
+            continue
+        head, _, rest = key.partition('.')
+        if head in _HEAD_RENAMES:
+            out[f'{_HEAD_RENAMES[head]}.{rest}'] = value
+        else:
+            dropped.append(key)
+    if dropped:
+        # the token-labelling release adds aux_head (per-token logits for MixToken training); nothing uses it
+        print_log(f'RMT checkpoint: dropped {len(dropped)} entries without an mmvisatt counterpart '
+                  f'({", ".join(sorted({k.rsplit(".", 1)[0] for k in dropped}))})', logger='current')
+    return out
+
+
+@register_converter('rmt')
+def convert_rmt_checkpoint(state_dict) -> Optional[Tuple[Dict[str, Tensor], str]]:
+    """Official RMT (classification, token-labelling, detection/segmentation) or mmvisatt keys -> mm-style RMT
+    keys (``backbone.*``; the classifier as ``neck.proj.*``, ``neck.norm.*`` (:class:`RMTProjectionNeck`) and
+    ``head.fc.*``)."""
+    keys = set(state_dict)
+    if _OFFICIAL_KEY in keys:
+        layout = 'official-rmt-token-label' if 'aux_head.weight' in keys else 'official-rmt'
+        return _convert_official(state_dict), layout
+    if 'backbone.' + _OFFICIAL_KEY in keys:
+        inner = {k[len('backbone.'):]: v for k, v in state_dict.items() if k.startswith('backbone.')}
+        return _convert_official(inner), 'official-rmt-dense'
+    if 'backbone.' + _MM_KEY in keys:
+        return {k: v for k, v in state_dict.items() if k.startswith(('backbone.', 'neck.', 'head.'))}, 'mmvisatt'
+    if _MM_KEY in keys:
+        return {('' if k.startswith(('neck.', 'head.')) else 'backbone.') + k: v
+                for k, v in state_dict.items()}, 'mmvisatt'
+    return None

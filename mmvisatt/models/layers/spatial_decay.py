@@ -1,0 +1,203 @@
+"""Spatial decay: attention biased by ``log(gamma) * distance`` between token positions (RMT's MaSA, EVT's EuSA).
+
+A head with decay ``gamma`` (0 < gamma < 1) weights key ``m`` for query ``n`` by ``gamma ** d(n, m)``. Like the
+RMT code (and RetNet), the weight is applied in log space before the softmax, ``softmax(q k^T + d * log gamma)``,
+which is ``softmax(q k^T) * gamma ** d`` renormalised per row. The bias is therefore an additive float mask and
+the fast path is ``scaled_dot_product_attention``; :func:`decayed_attention` keeps the explicit softmax beside it.
+
+Distances come in three forms:
+
+- Manhattan ``|dy| + |dx|`` over a whole (H, W) grid (RMT full MaSA) and 1-D ``|i - j|`` (RMT decomposed MaSA,
+  one axis at a time);
+- Euclidean ``sqrt(dy^2 + dx^2)`` over a whole grid (EVT's last stage);
+- Euclidean within token groups (EVT's EuSAg / EuSAd): the raster-ordered sequence is cut into groups of
+  ``group_size`` tokens, consecutive (``'grouped'``) or interleaved with a stride of the number of groups
+  (``'dilated'``), after padding to a multiple of ``group_size``; distances use each token's true 2-D position.
+
+Geometry (distances, group indices) is cached per (shape, device, dtype); the per-head bias is rebuilt from the
+decay buffer on each forward, because the buffer belongs to the model (it is loaded and cast with it).
+"""
+from functools import lru_cache
+from typing import NamedTuple, Optional, Tuple
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch import Tensor
+
+# Floor of every bias. exp(-1e4) is 0 in every float type, so the floor changes no result, yet it and any sum
+# of it with a finite logit stay finite in float16 (max 65504) and bfloat16: no -inf rows, no NaN.
+BIAS_FLOOR = -1e4
+
+
+def head_decay_rates(num_heads: int, initial_value: float, heads_range: float) -> Tensor:
+    """``log(gamma_h)`` with ``gamma_h = 1 - 2 ** (-a - (b - a) * h / num_heads)`` (RMT App. D), float32 (N,).
+
+    Computed in float32 as the RMT code does, so a recomputed buffer equals a released one bit for bit.
+    """
+    h = torch.arange(num_heads, dtype=torch.float)
+    return torch.log(1 - 2 ** (-initial_value - heads_range * h / num_heads))
+
+
+def _grid_positions(height: int, width: int, device, dtype) -> Tensor:
+    """(H*W, 2) (y, x) positions in raster order."""
+    ys = torch.arange(height, device=device, dtype=dtype)
+    xs = torch.arange(width, device=device, dtype=dtype)
+    return torch.stack(torch.meshgrid(ys, xs, indexing='ij'), dim=-1).reshape(-1, 2)
+
+
+def _pairwise(pos: Tensor, metric: str) -> Tensor:
+    """(..., N, 2) positions -> (..., N, N) Manhattan or Euclidean distances."""
+    diff = pos[..., :, None, :] - pos[..., None, :, :]
+    if metric == 'manhattan':
+        return diff.abs().sum(-1)
+    if metric == 'euclidean':
+        return diff.pow(2).sum(-1).sqrt()
+    raise ValueError(f"metric must be 'manhattan' or 'euclidean', got '{metric}'")
+
+
+# Few entries: at 1333x800 a stride-16 grid's table alone is 70 MB, and multi-scale training varies the shape.
+@lru_cache(maxsize=4)
+def grid_distance(height: int, width: int, metric: str, device: torch.device, dtype: torch.dtype) -> Tensor:
+    """(H*W, H*W) distances between the raster-ordered tokens of an (H, W) grid."""
+    return _pairwise(_grid_positions(height, width, device, dtype), metric)
+
+
+@lru_cache(maxsize=16)
+def line_distance(length: int, device: torch.device, dtype: torch.dtype) -> Tensor:
+    """(L, L) ``|i - j|``: the distance along one axis (decomposed attention)."""
+    idx = torch.arange(length, device=device, dtype=dtype)
+    return (idx[:, None] - idx[None, :]).abs()
+
+
+def _bias_dtype(dtype: torch.dtype) -> torch.dtype:
+    # half-precision biases are built in float32 and cast once at the end
+    return torch.promote_types(dtype, torch.float32)
+
+
+def decay_bias(log_gamma: Tensor, distance: Tensor, dtype: Optional[torch.dtype] = None) -> Tensor:
+    """(heads,) log decays x (..., N, N) distances -> (heads, ..., N, N) additive bias, floored at
+    :data:`BIAS_FLOOR`, in ``dtype`` (default: the decay's dtype)."""
+    work = _bias_dtype(log_gamma.dtype)
+    lg = log_gamma.to(work).view(-1, *([1] * distance.dim()))
+    bias = (distance.to(work)[None] * lg).clamp_min(BIAS_FLOOR)
+    return bias.to(dtype or log_gamma.dtype)
+
+
+class TokenGroups(NamedTuple):
+    """How a raster-ordered sequence of ``num_tokens`` tokens on an (H, W) grid is cut into groups.
+
+    ``order`` (G*g,) lists the padded sequence's indices group by group (values >= ``num_tokens`` are padding);
+    ``inverse`` undoes it; ``valid`` (G, g) marks real tokens; ``distance`` (G, g, g) holds the Euclidean
+    distances between the true positions of the tokens of each group.
+    """
+    order: Tensor
+    inverse: Tensor
+    valid: Tensor
+    distance: Tensor
+    num_tokens: int
+    group_size: int
+
+    @property
+    def num_groups(self) -> int:
+        return self.valid.shape[0]
+
+    @property
+    def padding(self) -> int:
+        return self.order.numel() - self.num_tokens
+
+
+@lru_cache(maxsize=16)
+def token_groups(height: int, width: int, group_size: int, mode: str, device: torch.device,
+                 dtype: torch.dtype) -> TokenGroups:
+    """Cut the H*W raster sequence into groups of ``group_size`` tokens (EuSAg: ``'grouped'``, consecutive;
+    EuSAd: ``'dilated'``, token ``i`` of the padded sequence joins group ``i % G``), padding it at the end to a
+    multiple of ``group_size``. Fewer tokens than ``group_size`` make one group of all tokens, unpadded.
+    """
+    if mode not in ('grouped', 'dilated'):
+        raise ValueError(f"grouping mode must be 'grouped' or 'dilated', got '{mode}'")
+    n = height * width
+    g = min(group_size, n)
+    num_groups = -(-n // g)
+    padded = num_groups * g
+    idx = torch.arange(padded, device=device)
+    order = idx if mode == 'grouped' else idx.view(g, num_groups).t().reshape(-1)
+    inverse = torch.empty_like(order)
+    inverse[order] = idx
+    valid = (order < n).view(num_groups, g)
+    # padding gets the position of the last real token; its distances never count, the key mask hides them
+    pos = _grid_positions(height, width, device, dtype)[order.clamp_max(n - 1)].view(num_groups, g, 2)
+    return TokenGroups(order, inverse, valid, _pairwise(pos, 'euclidean'), n, g)
+
+
+def group_bias(log_gamma: Tensor, groups: TokenGroups, dtype: Optional[torch.dtype] = None) -> Tensor:
+    """(heads, G, g, g) Euclidean decay bias inside each group; padded keys get :data:`BIAS_FLOOR`."""
+    bias = decay_bias(log_gamma, groups.distance, _bias_dtype(log_gamma.dtype))
+    if groups.padding:
+        bias = bias.masked_fill(~groups.valid[None, :, None, :], BIAS_FLOOR)
+    return bias.to(dtype or log_gamma.dtype)
+
+
+def group_tokens(x: Tensor, groups: TokenGroups) -> Tensor:
+    """(B, N, C) -> (B, G, g, C), zero-padding the sequence to G*g tokens."""
+    if groups.padding:
+        x = F.pad(x, (0, 0, 0, groups.padding))
+    return x[:, groups.order].unflatten(1, (groups.num_groups, groups.group_size))
+
+
+def ungroup_tokens(x: Tensor, groups: TokenGroups) -> Tensor:
+    """Inverse of :func:`group_tokens`: (B, G, g, C) -> (B, N, C), dropping the padding."""
+    return x.flatten(1, 2)[:, groups.inverse[:groups.num_tokens]]
+
+
+def decayed_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, fused: bool = True) -> Tensor:
+    """``softmax(q k^T + bias) v`` over the last two dims; ``q`` and ``k`` come scaled (no extra 1/sqrt(d)).
+
+    q, k: (..., N, d); v: (..., N, d_v); bias broadcastable to (..., N, N). ``fused`` uses
+    ``scaled_dot_product_attention`` with the bias as a float ``attn_mask``; otherwise the explicit reference.
+    """
+    bias = bias.to(q.dtype)
+    if fused:
+        if q.dim() > 4 and bias.dim() <= 3:
+            # the fused kernels take (batch, heads, N, d); extra leading dims fold into the batch
+            lead = q.shape[:-3]
+            out = F.scaled_dot_product_attention(q.reshape(-1, *q.shape[-3:]), k.reshape(-1, *k.shape[-3:]),
+                                                 v.reshape(-1, *v.shape[-3:]), attn_mask=bias, scale=1.0)
+            return out.view(*lead, *out.shape[-3:])
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=1.0)
+    return torch.softmax(q @ k.transpose(-2, -1) + bias, dim=-1) @ v
+
+
+class SpatialDecay(nn.Module):
+    """Per-head decay rates of one stage (``log_gamma``, a persistent buffer) and the biases built from them.
+
+    Args:
+        num_heads: heads of the stage's attention; head ``h`` gets ``gamma_h = 1 - 2 ** (-a - (b - a) h / N)``.
+        initial_value: ``a`` (RMT: 2).
+        heads_range: ``b - a`` (RMT: 4, 5 or 6).
+    """
+
+    def __init__(self, num_heads: int, initial_value: float = 2., heads_range: float = 4.):
+        super().__init__()
+        self.register_buffer('log_gamma', head_decay_rates(num_heads, initial_value, heads_range))
+
+    def _dist_dtype(self) -> torch.dtype:
+        return _bias_dtype(self.log_gamma.dtype)
+
+    def grid(self, height: int, width: int, metric: str, dtype: torch.dtype) -> Tensor:
+        """(heads, H*W, H*W) bias of full attention over the grid."""
+        dist = grid_distance(height, width, metric, self.log_gamma.device, self._dist_dtype())
+        return decay_bias(self.log_gamma, dist, dtype)
+
+    def line(self, length: int, dtype: torch.dtype) -> Tensor:
+        """(heads, L, L) bias of attention along one axis."""
+        return decay_bias(self.log_gamma, line_distance(length, self.log_gamma.device, self._dist_dtype()), dtype)
+
+    def groups(self, height: int, width: int, group_size: int, mode: str,
+               dtype: torch.dtype) -> Tuple[TokenGroups, Tensor]:
+        """The grouping of an (H, W) grid and its (heads, G, g, g) bias."""
+        groups = token_groups(height, width, group_size, mode, self.log_gamma.device, self._dist_dtype())
+        return groups, group_bias(self.log_gamma, groups, dtype)
+
+    def extra_repr(self) -> str:
+        return 'gamma=' + ', '.join(f'{g:.4f}' for g in self.log_gamma.exp().tolist())
