@@ -135,3 +135,7 @@ def test_unwrap_handles_nesting_and_prefix():
     sd = {'a': torch.zeros(1)}
     assert unwrap_state_dict({'model_state': {'module.a': sd['a']}}).keys() == {'a'}
     assert unwrap_state_dict({'state_dict': sd, 'meta': {}}).keys() == {'a'}
+    # an EMA copy is taken only from a file that holds nothing else
+    ema = {'b': sd['a']}
+    assert unwrap_state_dict({'state_dict_ema': ema}).keys() == {'b'}
+    assert unwrap_state_dict({'model': sd, 'model_ema': ema}).keys() == {'a'}

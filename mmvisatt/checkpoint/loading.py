@@ -23,8 +23,9 @@ Converter = Callable[[Mapping[str, torch.Tensor]], Optional[Tuple[StateDict, str
 
 _CONVERTERS: Dict[str, Converter] = {}
 
-# Keys under which training scripts of the supported families nest the weights.
-WRAPPER_KEYS = ('state_dict', 'model', 'model_state', 'model_state_dict', 'module')
+# Keys under which training scripts of the supported families nest the weights, in order of preference: the
+# trained weights first, an EMA copy only when a file holds nothing else.
+WRAPPER_KEYS = ('state_dict', 'model', 'model_state', 'model_state_dict', 'module', 'state_dict_ema', 'model_ema')
 
 
 class CheckpointMismatchError(RuntimeError):
