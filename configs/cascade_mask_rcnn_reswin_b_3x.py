@@ -1,5 +1,5 @@
 # Cascade Mask R-CNN (4conv1fc box heads, GIoU) + FPN, 3x schedule with multi-scale training and crops, with ReSwin-B.
-# Recipe: Swin-B detection recipe (AdamW 1e-4, wd 0.05, batch 16); backbone settings in _base_/backbones/reswin_b.py.
+# Recipe: Swin detection recipe (AdamW 1e-4, wd 0.05, batch 16); backbone settings in _base_/backbones/reswin_b.py.
 # Written by tools/misc/generate_configs.py from mmvisatt/task_configs.py: edit those, not this.
 _base_ = [
     '_base_/models/cascade_mask_rcnn_fpn_4conv1fc_giou.py',

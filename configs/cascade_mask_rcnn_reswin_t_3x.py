@@ -1,5 +1,5 @@
 # Cascade Mask R-CNN (4conv1fc box heads, GIoU) + FPN, 3x schedule with multi-scale training and crops, with ReSwin-T.
-# Recipe: Swin-T detection recipe (AdamW 1e-4, wd 0.05, batch 16); backbone settings in _base_/backbones/reswin_t.py.
+# Recipe: Swin detection recipe (AdamW 1e-4, wd 0.05, batch 16); backbone settings in _base_/backbones/reswin_t.py.
 # Reported: the ReViT paper's ReSwin-T detector (Cascade Mask R-CNN 3x, COCO).
 # Written by tools/misc/generate_configs.py from mmvisatt/task_configs.py: edit those, not this.
 _base_ = [

@@ -1,6 +1,7 @@
 # ImageNet-1k classifier with the official head layout; evaluates a converted official checkpoint
 # (tools/model_converters/convert.py, then tools/test.py) or trains 300 epochs, with ReMViTv2-S.
-# Recipe: MViTv2 ImageNet recipe (AdamW 2e-3, wd 0.05, batch 4096); backbone settings in _base_/backbones/remvit_s.py.
+# Recipe: ReMViTv2 / MViTv2 ImageNet recipe (AdamW 2e-3, wd 0.05, batch 4096); backbone settings in
+# _base_/backbones/remvit_s.py.
 # Written by tools/misc/generate_configs.py from mmvisatt/task_configs.py: edit those, not this.
 _base_ = [
     '_base_/models/image_classifier.py',
@@ -12,7 +13,9 @@ _base_ = [
 
 model = dict(
     backbone=dict(_base_.preset.backbone, drop_path_rate=_base_.preset.cls.drop_path_rate,
-                  out_indices=(_base_.preset.cls.out_index, )),
+                  out_indices=(_base_.preset.cls.out_index, ),
+                  **_base_.preset.cls.get('backbone', {})),
+    neck=_base_.preset.cls.get('neck', dict(type='GlobalAveragePooling')),
     head=dict(in_channels=_base_.preset.cls.channels))
 optim_wrapper = dict(
     optimizer=_base_.preset.cls.optimizer,

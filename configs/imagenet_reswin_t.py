@@ -13,7 +13,9 @@ _base_ = [
 
 model = dict(
     backbone=dict(_base_.preset.backbone, drop_path_rate=_base_.preset.cls.drop_path_rate,
-                  out_indices=(_base_.preset.cls.out_index, )),
+                  out_indices=(_base_.preset.cls.out_index, ),
+                  **_base_.preset.cls.get('backbone', {})),
+    neck=_base_.preset.cls.get('neck', dict(type='GlobalAveragePooling')),
     head=dict(in_channels=_base_.preset.cls.channels))
 optim_wrapper = dict(
     optimizer=_base_.preset.cls.optimizer,

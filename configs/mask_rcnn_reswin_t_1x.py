@@ -1,5 +1,5 @@
 # Mask R-CNN + FPN, 1x schedule (12 epochs), single-scale COCO instance training, with ReSwin-T.
-# Recipe: Swin-T detection recipe (AdamW 1e-4, wd 0.05, batch 16); backbone settings in _base_/backbones/reswin_t.py.
+# Recipe: Swin detection recipe (AdamW 1e-4, wd 0.05, batch 16); backbone settings in _base_/backbones/reswin_t.py.
 # Written by tools/misc/generate_configs.py from mmvisatt/task_configs.py: edit those, not this.
 _base_ = [
     '_base_/models/mask_rcnn_fpn.py',

@@ -11,7 +11,8 @@ _base_ = [
 
 # The FPN reads strides 8-32 only; the stride-4 output is not built (its unused norm would stop DDP).
 model = dict(
-    backbone=dict(_base_.preset.backbone, drop_path_rate=_base_.preset.det.drop_path_rate, out_indices=(1, 2, 3)),
+    backbone=dict(_base_.preset.backbone, drop_path_rate=_base_.preset.det.drop_path_rate,
+                  out_indices=(1, 2, 3)),
     neck=dict(in_channels=_base_.preset.channels[1:], start_level=0))
 optim_wrapper = dict(
     type='OptimWrapper',

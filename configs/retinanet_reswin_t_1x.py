@@ -1,5 +1,5 @@
 # RetinaNet + FPN, 1x schedule, COCO detection, with ReSwin-T.
-# Recipe: Swin-T detection recipe (AdamW 1e-4, wd 0.05, batch 16); backbone settings in _base_/backbones/reswin_t.py.
+# Recipe: Swin detection recipe (AdamW 1e-4, wd 0.05, batch 16); backbone settings in _base_/backbones/reswin_t.py.
 # Written by tools/misc/generate_configs.py from mmvisatt/task_configs.py: edit those, not this.
 _base_ = [
     '_base_/models/retinanet_fpn.py',
@@ -11,7 +11,8 @@ _base_ = [
 
 # The FPN reads strides 8-32 only; the stride-4 output is not built (its unused norm would stop DDP).
 model = dict(
-    backbone=dict(_base_.preset.backbone, drop_path_rate=_base_.preset.det.drop_path_rate, out_indices=(1, 2, 3)),
+    backbone=dict(_base_.preset.backbone, drop_path_rate=_base_.preset.det.drop_path_rate,
+                  out_indices=(1, 2, 3)),
     neck=dict(in_channels=_base_.preset.channels[1:], start_level=0))
 optim_wrapper = dict(
     type='OptimWrapper',

@@ -1,5 +1,5 @@
 # UperNet (+ FCN auxiliary head), 160k iterations, ADE20K 512x512, with ReSwin-S.
-# Recipe: Swin-S UperNet recipe (AdamW 6e-5, wd 0.01, batch 16); backbone settings in _base_/backbones/reswin_s.py.
+# Recipe: Swin UperNet recipe (AdamW 6e-5, wd 0.01, batch 16); backbone settings in _base_/backbones/reswin_s.py.
 # Written by tools/misc/generate_configs.py from mmvisatt/task_configs.py: edit those, not this.
 _base_ = [
     '_base_/models/upernet.py',

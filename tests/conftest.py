@@ -30,3 +30,14 @@ def tiny_det_config(tmp_path_factory) -> str:
 def python() -> str:
     """The interpreter running the tests, for subprocesses."""
     return sys.executable
+
+
+@pytest.fixture(scope='session')
+def demo_det_run(tiny_det_config, tmp_path_factory) -> str:
+    """Work dir of a 3-iteration ``tools/train.py tiny_det_config --demo`` run: ``iter_3.pth`` and logs of every
+    iteration and of two validations (iterations 0 and 3, on 2 of the demo's validation images)."""
+    from mmvisatt.engine import train_main
+    work_dir = str(tmp_path_factory.mktemp('demo_det_run'))
+    train_main([tiny_det_config, '--demo', '--work-dir', work_dir, '--cfg-options', 'train_cfg.max_iters=3',
+                'default_hooks.logger.interval=1', 'val_dataloader.dataset.indices=2'])
+    return work_dir

@@ -24,9 +24,9 @@ def no_weights_only_override(monkeypatch):
 
 
 def _train(config: str, work_dir: str, max_iters: int):
-    return train_main([config, '--demo', '--work-dir', work_dir, '--cfg-options', f'train_cfg.max_iters={max_iters}', 'default_hooks.checkpoint.interval=2',
-                       'default_hooks.checkpoint.max_keep_ckpts=-1', 'default_hooks.trace.type=TrainingTraceHook',
-                       *NO_VAL])
+    return train_main([config, '--demo', '--work-dir', work_dir, '--cfg-options', f'train_cfg.max_iters={max_iters}',
+                       'default_hooks.checkpoint.interval=2', 'default_hooks.checkpoint.max_keep_ckpts=-1',
+                       'default_hooks.trace.type=TrainingTraceHook', *NO_VAL])
 
 
 def _adamw_steps(runner) -> set:

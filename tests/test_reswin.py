@@ -84,7 +84,7 @@ def test_padding_does_not_leak_into_real_tokens():
         reference = model(x)[0]
 
     def scramble_padding(module, args):
-        windows, num_windows = args[0], args[1]
+        windows = args[0]
         grid_tokens = torch.zeros(1, 14, 14, 1)
         grid_tokens[:, 9:] = 1
         grid_tokens[:, :, 12:] = 1

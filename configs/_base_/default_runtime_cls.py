@@ -16,7 +16,15 @@ env_cfg = dict(
     dist_cfg=dict(backend='nccl'))
 
 vis_backends = [dict(type='LocalVisBackend')]
+# TensorBoard as well (`pip install tensorboard`, then `tensorboard --logdir WORK_DIR`): use
+#   vis_backends = [dict(type='LocalVisBackend'), dict(type='TensorboardVisBackend')]
+# here, or as `visualizer = dict(vis_backends=[...])` in a config inheriting yours. --cfg-options cannot add a
+# dict to a list: `visualizer.vis_backends.0.type=TensorboardVisBackend` replaces the local backend, and
+# tools/analysis/plot_logs.py then has no scalars.json to read. See docs/getting_started.md.
 visualizer = dict(type='UniversalVisualizer', vis_backends=vis_backends)
+
+# stop at the first NaN/Inf loss, naming the iteration and the loss term (mmvisatt/engine/guards.py)
+custom_hooks = [dict(type='NonFiniteGuardHook', action='raise')]
 
 log_level = 'INFO'
 load_from = None

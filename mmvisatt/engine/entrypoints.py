@@ -17,8 +17,12 @@ from mmengine.device import get_device
 from mmengine.logging import print_log
 from mmengine.runner import Runner
 
-from .checks import MissingCheckpointError, MissingDataError, check_data, check_pretrained
+from .checks import MissingCheckpointError, MissingDataError, check_data, check_pretrained, pretrained_inits
 from .demo import DemoSettings, describe_demo, to_demo_config
+from .guards import NonFiniteLossError
+from .input_checks import (AnnotationError, ConfigKeyError, CorruptCheckpointError, CorruptImageError,
+                           check_annotations, check_cfg_options, check_checkpoint_file, explain_image_error)
+from .reliability import add_custom_hooks, enable_reliable_training, resolve_auto_resume
 
 LAUNCHERS = ('none', 'pytorch', 'slurm', 'mpi')
 
@@ -43,7 +47,8 @@ def parse_train_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace
     parser.add_argument('--auto-scale-lr', action='store_true',
                         help='scale the lr by (GPUs x batch per GPU) / auto_scale_lr.base_batch_size')
     parser.add_argument('--resume', nargs='?', const='auto', metavar='PATH',
-                        help='resume from PATH, or (bare --resume) from the latest checkpoint in the work dir')
+                        help='resume from PATH, or (bare --resume, or --resume auto) from the newest complete '
+                        'checkpoint in the work dir (incomplete files are skipped)')
     _common_args(parser)
     return _finish(parser.parse_args(argv))
 
@@ -84,6 +89,7 @@ def load_config(args: argparse.Namespace, train: bool) -> Config:
     if args.demo:
         to_demo_config(cfg, DemoSettings(), train=train)
     if args.cfg_options:
+        check_cfg_options(cfg, args.cfg_options)
         cfg.merge_from_dict(args.cfg_options)
     if args.demo and train:
         print_log(describe_demo(cfg), logger='current')
@@ -110,7 +116,7 @@ def apply_train_args(cfg: Config, args: argparse.Namespace) -> Config:
                                'in the config')
         cfg.auto_scale_lr.enable = True
     if args.resume == 'auto':
-        cfg.resume, cfg.load_from = True, None
+        resolve_auto_resume(cfg)
     elif args.resume is not None:
         cfg.resume, cfg.load_from = True, args.resume
     return cfg
@@ -120,7 +126,7 @@ def _replace_sync_bn(node: Any) -> int:
     count = 0
     if isinstance(node, dict):
         if node.get('type') in ('SyncBN', 'MMSyncBN'):
-            node['type'] = 'BN'
+            node['type'] = 'CPUSyncBN'
             count += 1
         count += sum(_replace_sync_bn(v) for v in node.values())
     elif isinstance(node, list):
@@ -134,7 +140,8 @@ def setup_distributed(cfg: Config) -> None:
     On a machine without an accelerator, mmengine 0.10.7 cannot start a ``pytorch``-launched job by itself: its
     ``init_dist`` calls ``torch.cuda.set_device`` and its DDP wrapper passes ``device_ids=[LOCAL_RANK]``. So for
     CPU the process group is created here (mmengine then skips its own initialisation), DDP gets
-    ``device_ids=None``, and SyncBN, which has no CPU kernel, becomes BN.
+    ``device_ids=None``, and SyncBN, which has no CPU kernel, becomes :class:`~.sync_bn.CPUSyncBatchNorm` (the same
+    statistics over all processes, through gloo).
     """
     env_cfg = cfg.setdefault('env_cfg', ConfigDict())
     dist_cfg = env_cfg.setdefault('dist_cfg', ConfigDict())
@@ -158,7 +165,8 @@ def setup_distributed(cfg: Config) -> None:
     wrapper.setdefault('broadcast_buffers', False)
     wrapper.setdefault('find_unused_parameters', cfg.get('find_unused_parameters', False))
     if _replace_sync_bn(cfg.model):
-        print_log('SyncBN has no CPU implementation: using BN (per-process batch statistics)', logger='current')
+        print_log('SyncBN has no CPU implementation: using CPUSyncBN (statistics all-reduced over gloo)',
+                  logger='current')
 
 
 def build_runner(cfg: Config, scope: str) -> Runner:
@@ -170,19 +178,39 @@ def build_runner(cfg: Config, scope: str) -> Runner:
 def prepare_train(argv: Optional[Sequence[str]] = None) -> Config:
     """Parse ``argv`` and return the ready-to-run training config (all pre-flight checks passed)."""
     args = parse_train_args(argv)
-    cfg = apply_train_args(load_config(args, train=True), args)
+    cfg = enable_reliable_training(apply_train_args(load_config(args, train=True), args))
     check_data(cfg, ('train_dataloader', 'val_dataloader'))
     # the Runner initialises weights before it loads or resumes, so the file is needed in every case
     check_pretrained(cfg)
+    check_model_files(cfg)
     return cfg
+
+
+def check_model_files(cfg: Config) -> None:
+    """Refuse truncated ``Pretrained`` / ``load_from`` / ``--resume PATH`` checkpoints before the Runner starts."""
+    for where, init in pretrained_inits(cfg.get('model')):
+        check_checkpoint_file(init.get('checkpoint'), f'The checkpoint of {where}',
+                              f'Download it again, or pass another one with --cfg-options {where}.checkpoint=PATH.',
+                              zip_only=True)
+    what = '--resume checkpoint' if cfg.get('resume') else 'load_from checkpoint'
+    check_checkpoint_file(cfg.get('load_from'), f'The {what}',
+                          'It was probably written by a job that was killed or ran out of disk; pick an earlier '
+                          'checkpoint, or use --resume (auto), which skips incomplete files.')
 
 
 def train_main(argv: Optional[Sequence[str]] = None) -> Runner:
     cfg = prepare_train(argv)
+    check_annotations(cfg, ('train_dataloader', 'val_dataloader'))
     scope = import_task_library(cfg)
     setup_distributed(cfg)
     runner = build_runner(cfg, scope)
-    runner.train()
+    try:
+        runner.train()
+    except AssertionError as error:
+        explained = explain_image_error(error)
+        if explained is None:
+            raise
+        raise explained from error
     return runner
 
 
@@ -193,7 +221,9 @@ def prepare_test(argv: Optional[Sequence[str]] = None) -> Tuple[Config, argparse
     if '://' not in args.checkpoint and not osp.isfile(args.checkpoint):
         raise FileNotFoundError(f'checkpoint not found: {args.checkpoint}')
     cfg.load_from = args.checkpoint
+    check_checkpoint_file(args.checkpoint, 'Checkpoint', 'Pass a complete checkpoint file.', zip_only=True)
     check_data(cfg, ('test_dataloader',))
+    add_custom_hooks(cfg, 'ChannelCheckHook')
     scope = cfg.get('default_scope')
     if args.show_dir:
         cfg.default_hooks.visualization.draw = True
@@ -218,13 +248,15 @@ def test_main(argv: Optional[Sequence[str]] = None) -> dict:
 
 
 def run_tool(main: Callable[[Optional[Sequence[str]]], Any], argv: Optional[Sequence[str]] = None) -> None:
-    """Run ``main`` as a command: a missing dataset or checkpoint ends it with its message, not a traceback."""
+    """Run ``main`` as a command: bad input (missing or corrupt data, checkpoints, misspelled options) and a
+    non-finite loss end it with their message, not a traceback."""
     try:
         main(argv)
-    except (MissingDataError, MissingCheckpointError) as error:
+    except (MissingDataError, MissingCheckpointError, NonFiniteLossError, ConfigKeyError, AnnotationError,
+            CorruptCheckpointError, CorruptImageError) as error:
         sys.exit(f'error: {error}')
 
 
 __all__: List[str] = ['run_tool', 'parse_train_args', 'parse_test_args', 'load_config', 'apply_train_args',
-                      'import_task_library', 'setup_distributed', 'prepare_train', 'train_main',
+                      'import_task_library', 'setup_distributed', 'prepare_train', 'check_model_files', 'train_main',
                       'prepare_test', 'test_main']

@@ -63,13 +63,14 @@ def _sample_id(data_sample: Any) -> Any:
 
 @HOOKS.register_module()
 class TrainingTraceHook(Hook):
-    """Record, per rank, which samples were trained on and a digest of the final parameters.
+    """Record, per rank, which samples were trained on, the losses of every iteration and a digest of the final
+    parameters.
 
     Meant for checking a distributed set-up: the ranks of a data-parallel run should see disjoint samples within
     an epoch and end with identical parameters. Writes ``<work_dir>/<out_dir>/rank{R}.json`` with ``sample_ids``
-    (COCO ``img_id`` or the image path), ``param_sha256`` over all parameters in ``named_parameters`` order and
-    ``param_sum``. Enable it without editing a config:
-    ``--cfg-options default_hooks.trace.type=TrainingTraceHook``.
+    (COCO ``img_id`` or the image path), ``losses`` (one dict of this rank's logged loss terms per iteration),
+    ``param_sha256`` over all parameters in ``named_parameters`` order and ``param_sum``. Enable it without editing
+    a config: ``--cfg-options default_hooks.trace.type=TrainingTraceHook``.
     """
 
     priority = 'VERY_LOW'
@@ -77,11 +78,14 @@ class TrainingTraceHook(Hook):
     def __init__(self, out_dir: str = 'trace') -> None:
         self.out_dir = out_dir
         self.sample_ids: List[Any] = []
+        self.losses: List[Dict[str, float]] = []
 
     def after_train_iter(self, runner, batch_idx: int, data_batch: Optional[dict] = None,
                          outputs: Optional[dict] = None) -> None:
         samples: Sequence[Any] = (data_batch or {}).get('data_samples', [])
         self.sample_ids.extend(_sample_id(s) for s in samples)
+        self.losses.append({k: float(v) for k, v in (outputs or {}).items()
+                            if isinstance(v, (int, float, torch.Tensor)) and 'loss' in k})
 
     def after_train(self, runner) -> None:
         model = runner.model.module if is_model_wrapper(runner.model) else runner.model
@@ -95,4 +99,5 @@ class TrainingTraceHook(Hook):
         mkdir_or_exist(out_dir)
         with open(osp.join(out_dir, f'rank{runner.rank}.json'), 'w') as f:
             json.dump(dict(rank=runner.rank, world_size=runner.world_size, iters=runner.iter,
-                           sample_ids=self.sample_ids, param_sha256=digest.hexdigest(), param_sum=total), f)
+                           sample_ids=self.sample_ids, losses=self.losses, param_sha256=digest.hexdigest(),
+                           param_sum=total), f)

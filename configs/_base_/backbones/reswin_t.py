@@ -1,8 +1,9 @@
 # ReSwin-T: Swin-T (C=96, depths 2-2-6-2, heads 3-6-12-24, window 7) with residual attention (ReViT paper).
-# What every task config of this backbone shares; the task configs turn it into their model and recipe.
+# What every task config of this backbone shares (over the Swin recipes of _swin.py).
 # Official ImageNet weights: Google Drive only, follow the ReSwin-T link in the README of
 # https://github.com/ADiko1997/ReViT and save the file here. The official Swin-T weights also work as an init
 # (alpha then starts from its default).
+_base_ = ['./_swin.py']
 pretrained = 'checkpoints/reswin_tiny_patch4_window7_224.pth'
 pretrained_source = ('the ReSwin-T link (Google Drive) in the README of https://github.com/ADiko1997/ReViT; the '
                      'official Swin-T file https://github.com/SwinTransformer/storage/releases/download/v1.0.0/'
@@ -12,21 +13,12 @@ preset = dict(
     backbone=dict(type='ReSwinTransformer', arch='t', residual_mode='aligned',
                   init_cfg=dict(type='Pretrained', checkpoint=pretrained)),
     channels=[96, 192, 384, 768],
-    # parameters (by name substring) trained without weight decay: norms, position tables, the residual gate
-    no_decay=['norm', 'relative_position_bias_table', 'alpha'],
-    # COCO: the Swin-T detection recipe (Swin-Transformer-Object-Detection / mmdet swin configs), 8 GPUs x 2
-    det=dict(drop_path_rate=0.2, batch_size=16, recipe='Swin-T detection recipe (AdamW 1e-4, wd 0.05, batch 16)',
-             optimizer=dict(type='AdamW', lr=1e-4, betas=(0.9, 0.999), weight_decay=0.05)),
-    # ADE20K UperNet: the Swin-T UperNet recipe (mmseg swin config, 44.41 mIoU for Swin-T), 8 GPUs x 2
-    seg=dict(drop_path_rate=0.3, recipe='Swin-T UperNet recipe (AdamW 6e-5, wd 0.01, batch 16)',
-             optimizer=dict(type='AdamW', lr=6e-5, betas=(0.9, 0.999), weight_decay=0.01)),
-    # ADE20K Semantic FPN: the PVT/Twins recipe, 8 GPUs x 2
-    fpn=dict(drop_path_rate=0.3, recipe='PVT/Twins Semantic FPN recipe (AdamW 1e-4, wd 1e-4, batch 16)',
-             optimizer=dict(type='AdamW', lr=1e-4, weight_decay=1e-4)),
-    # ImageNet: the official ReSwin-T run (base lr 2.5e-4 per 512 images at batch 1024, 20 warmup epochs, drop
-    # path 0.1, 0.91 centre crop at test); the official head pools the normalised last stage
-    cls=dict(out_index=3, channels=768, drop_path_rate=0.1, batch_size=1024, warmup_epochs=20, test_resize=246,
-             clip_grad=None, recipe='official ReSwin-T ImageNet run (AdamW 5e-4, wd 0.05, batch 1024)',
+    det=dict(drop_path_rate=0.2),
+    seg=dict(drop_path_rate=0.3),
+    fpn=dict(drop_path_rate=0.3),
+    # ImageNet: the official ReSwin-T run (base lr 2.5e-4 per 512 images at batch 1024, drop path 0.1, no grad
+    # clip, 0.91 centre crop at test); the official head pools the normalised last stage
+    cls=dict(_delete_=True, out_index=3, channels=768, drop_path_rate=0.1, batch_size=1024, warmup_epochs=20,
+             test_resize=246, clip_grad=None, recipe='official ReSwin-T ImageNet run (AdamW 5e-4, wd 0.05, batch 1024)',
              optimizer=dict(type='AdamW', lr=5e-4, betas=(0.9, 0.999), weight_decay=0.05, eps=1e-8)),
-    # task configs the paper reports for this backbone
     reported=dict(cascade_mask_rcnn_3x='the ReViT paper\'s ReSwin-T detector (Cascade Mask R-CNN 3x, COCO)'))

@@ -1,12 +1,42 @@
-"""The base class of every mmvisatt backbone (presets, input checks, pretrained loading, freezing)."""
-from typing import Dict, Sequence, Tuple, Union
+"""The base class of every mmvisatt backbone (presets, input checks, pretrained loading, freezing, layer ids) and
+the initialisation they share."""
+from typing import Callable, Dict, Iterator, Optional, Sequence, Tuple, Union
 
 import torch.nn as nn
 from mmengine.model import BaseModule
+from timm.layers import trunc_normal_
 from torch import Tensor
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from mmvisatt.checkpoint import load_pretrained
+
+# (module name, whether it is a block): see AttentionBackbone._layer_order
+LayerOrder = Iterator[Tuple[str, bool]]
+
+
+def stage_layer_order(stages: Sequence[nn.Module], name: str = 'stages', before: Sequence[str] = (),
+                      after: Sequence[str] = ()) -> LayerOrder:
+    """The layer order of stages holding ``blocks``: per stage the modules ``before`` the blocks (patch merging,
+    patch embedding), the blocks, then the modules ``after`` them (stage norm, downsampling)."""
+    for i, stage in enumerate(stages):
+        yield from ((f'{name}.{i}.{m}', False) for m in before)
+        yield from ((f'{name}.{i}.blocks.{j}', True) for j in range(len(stage.blocks)))
+        yield from ((f'{name}.{i}.{m}', False) for m in after)
+
+
+def init_transformer_weights(model: nn.Module, extra: Optional[Callable[[nn.Module], None]] = None) -> None:
+    """The ViT / Swin initialisation every family starts from: truncated-normal linear weights (std 0.02), zero
+    biases, unit LayerNorms; ``extra(module)`` initialises what a family adds (position tables, convs)."""
+    for m in model.modules():
+        if isinstance(m, nn.Linear):
+            trunc_normal_(m.weight, std=.02)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.LayerNorm):
+            nn.init.ones_(m.weight)
+            nn.init.zeros_(m.bias)
+        elif extra is not None:
+            extra(m)
 
 
 class AttentionBackbone(BaseModule):
@@ -16,7 +46,8 @@ class AttentionBackbone(BaseModule):
     Subclasses set ``arch_zoo``, ``_arch_keys`` (keys an arch dict must have), ``_arch_prefix`` (the
     family-qualified preset prefix, e.g. ``'reswin'``), ``new_keys`` (patterns of parameters an official
     checkpoint does not have, such as dense-task output norms), ``in_channels`` and ``min_input_size`` (smallest
-    input side the stem accepts), and implement ``_freeze_stages``.
+    input side the stem accepts), and implement ``_freeze_stages`` and ``_layer_order`` (for layer-wise
+    learning-rate decay).
     """
     arch_zoo: Dict[str, dict] = {}
     _arch_keys: Tuple[str, ...] = ()
@@ -77,6 +108,39 @@ class AttentionBackbone(BaseModule):
 
     def _freeze_stages(self):
         raise NotImplementedError
+
+    def _layer_order(self) -> LayerOrder:
+        """The parameterised modules of the pretrained network in forward order, as (name, is a block).
+
+        Every block starts a new layer; other modules share the layer of what ran before them (the stem is layer
+        0). Modules left out (output norms and pyramids of dense tasks, residual gates) count as the top layer.
+        """
+        raise NotImplementedError
+
+    def get_layer_depth(self, param_name: str, prefix: str = '') -> Tuple[int, int]:
+        """Layer id of a parameter for layer-wise learning-rate decay, and the number of layer ids.
+
+        mmpretrain's convention (``LearningRateDecayOptimWrapperConstructor`` and mmvisatt's
+        ``LayerDecayOptimWrapperConstructor`` read it): the stem is 0, the blocks 1..L in forward order, and
+        L + 1 = number - 1, the top, holds what follows the blocks or is new for the task: parameters named
+        without ``prefix`` (necks, heads), output norms, pyramids, residual gates. The learning-rate scale is
+        ``decay_rate ** (number - 1 - id)``.
+        """
+        ids = self.__dict__.get('_layer_ids')
+        if ids is None:
+            ids, layer = {}, 0
+            for name, is_block in self._layer_order():
+                layer += int(is_block)
+                ids[name] = layer
+            self._layer_ids = ids
+        num_layers = max(ids.values(), default=0) + 2
+        if param_name.startswith(prefix):
+            parts = param_name[len(prefix):].split('.')
+            for end in range(len(parts), 0, -1):
+                layer = ids.get('.'.join(parts[:end]))
+                if layer is not None:
+                    return layer, num_layers
+        return num_layers - 1, num_layers
 
     def _freeze(self, modules: Sequence[nn.Module]) -> None:
         for module in modules:

@@ -30,10 +30,10 @@ from torch import Tensor
 from mmvisatt.checkpoint import register_converter
 from ..layers.channel_attention import (ConvValueMlp, EfficientChannelAttention, TokenAttention,
                                         multi_head_attention)
-from ..layers.simple_pyramid import SimpleFeaturePyramid
+from ..layers.simple_pyramid import PYRAMID_WIDTHS, SimpleFeaturePyramid
 from ..layers.window import (WindowGrid, merge_windows, partition_windows, relative_position_index,
                              window_attention_mask)
-from .base import AttentionBackbone
+from .base import AttentionBackbone, LayerOrder, init_transformer_weights, stage_layer_order
 # Swin's patch embedding and merging are the same bricks as ReSwin's.
 from .revit import PatchEmbed, PatchMerging
 
@@ -377,6 +377,25 @@ def _swin(dim: int, depths: Sequence[int], heads: Sequence[int]) -> dict:
 
 
 FORMS = ('vit', 'hybrid', 'swin')
+# what forward returns: 'featmap' (the dense levels) or the features the official linear head reads
+OUT_TYPES = {'vit': ('featmap', 'cls_token'), 'hybrid': ('featmap', 'cls_token'), 'swin': ('featmap', 'avg_featmap')}
+
+
+def _init_fan_module(m: nn.Module) -> None:
+    """The official initialisation of what FAN adds to a transformer: He-normal (fan-out) depthwise convs in the
+    channel attention's MLP, trunc-normal ConvNeXt stem convs, Swin position tables."""
+    if isinstance(m, ConvValueMlp):
+        for conv in (m.dwconv.conv1, m.dwconv.conv2):
+            fan_out = conv.kernel_size[0] * conv.kernel_size[1] * conv.out_channels // conv.groups
+            nn.init.normal_(conv.weight, 0, math.sqrt(2.0 / fan_out))
+            nn.init.zeros_(conv.bias)
+    elif isinstance(m, HybridEmbed):
+        for conv in m.modules():
+            if isinstance(conv, nn.Conv2d) and conv is not m.proj:
+                trunc_normal_(conv.weight, std=.02)
+                nn.init.zeros_(conv.bias)
+    elif isinstance(m, WindowAttention):
+        trunc_normal_(m.relative_position_bias_table, std=.02)
 
 
 @MODELS.register_module()
@@ -398,6 +417,12 @@ class FAN(AttentionBackbone):
             swin ``[C, 2C, 4C, 8C]``.
         out_norms: pass every output through its own LayerNorm (``norm{i}``; Swin's ``norm3`` is the official
             final norm). The official detection backbone has none; turn off to reproduce it.
+        out_type: ``'featmap'`` (default): the dense levels above. ``'cls_token'`` (vit, hybrid) or
+            ``'avg_featmap'`` (swin): a 1-tuple with the (B, C) features the official linear head reads (the
+            normalised class token after the class-attention blocks; the mean of the normalised last Swin stage),
+            for mmpretrain's ``ImageClassifier`` with ``neck=None`` and ``LinearClsHead(in_channels=C)``. These
+            build exactly the official classifier's modules, so ``out_indices``, ``out_norms`` and
+            ``classifier`` are ignored (Swin keeps ``norm3``, the official final norm; no dense extras).
         classifier: also build the class-attention head's final norm (``cls_norm``) for
             :meth:`forward_classifier` (vit/hybrid; the class-attention blocks are built whenever needed).
         unbiased_stem_norms: official hybrid numerics: all ConvNeXt LayerNorm2d after the stem's divide the
@@ -443,8 +468,8 @@ class FAN(AttentionBackbone):
                  mlp_ratio: float = 4., qkv_bias: bool = True, drop_rate: float = 0., attn_drop_rate: float = 0.,
                  drop_path_rate: float = 0.1, eta: float = 1., cls_attn_layers: int = 2,
                  cls_tokens_norm: bool = True, classifier: bool = False, out_indices: Sequence[int] = (0, 1, 2, 3),
-                 out_norms: bool = True, unbiased_stem_norms: bool = True, pos_exponent: str = 'paired',
-                 window_size: int = 7, patch_size: int = 4, fused_attn: bool = True,
+                 out_norms: bool = True, out_type: str = 'featmap', unbiased_stem_norms: bool = True,
+                 pos_exponent: str = 'paired', window_size: int = 7, patch_size: int = 4, fused_attn: bool = True,
                  norm_cfg: Optional[dict] = None, frozen_stages: int = -1, norm_eval: bool = False,
                  with_cp: bool = False, init_cfg: Optional[dict] = None):
         super().__init__(init_cfg=init_cfg)
@@ -452,6 +477,14 @@ class FAN(AttentionBackbone):
         self.form = arch['form']
         self.arch = arch
         self.in_channels = in_channels
+        if out_type not in OUT_TYPES[self.form]:
+            raise ValueError(f"out_type '{out_type}' is not available for a {self.form} FAN; choose one of "
+                             f"{OUT_TYPES[self.form]}")
+        self.out_type = out_type
+        if out_type == 'cls_token':
+            out_indices, out_norms, classifier = (), False, True
+        elif out_type == 'avg_featmap':
+            out_indices, out_norms = (3, ), True
         self.out_indices = self._check_out_indices(out_indices, 4)
         self.out_norms = out_norms
         self.frozen_stages = frozen_stages
@@ -491,8 +524,9 @@ class FAN(AttentionBackbone):
             if classifier:
                 self.cls_norm = nn.LayerNorm(dim, eps=1e-6)
             if self.form == 'vit':
-                self.pyramid = SimpleFeaturePyramid(dim, self.out_indices)
-                self.num_features = self.pyramid.out_channels
+                if self.out_indices:
+                    self.pyramid = SimpleFeaturePyramid(dim, self.out_indices)
+                self.num_features = [int(dim * w) for w in PYRAMID_WIDTHS]
                 self.new_keys = tuple(f'norm{i}.*' for i in range(4)) + ('pyramid.*', )
             else:
                 down = arch.get('down_channels', 768)
@@ -559,26 +593,7 @@ class FAN(AttentionBackbone):
     def init_weights(self):
         if self._init_from_cfg('fan'):
             return
-        for m in self.modules():
-            if isinstance(m, nn.Linear):
-                trunc_normal_(m.weight, std=.02)
-                if m.bias is not None:
-                    nn.init.zeros_(m.bias)
-            elif isinstance(m, nn.LayerNorm):
-                nn.init.ones_(m.weight)
-                nn.init.zeros_(m.bias)
-            elif isinstance(m, ConvValueMlp):
-                for conv in (m.dwconv.conv1, m.dwconv.conv2):
-                    fan_out = conv.kernel_size[0] * conv.kernel_size[1] * conv.out_channels // conv.groups
-                    nn.init.normal_(conv.weight, 0, math.sqrt(2.0 / fan_out))
-                    nn.init.zeros_(conv.bias)
-            elif isinstance(m, HybridEmbed):
-                for conv in m.modules():
-                    if isinstance(conv, nn.Conv2d) and conv is not m.proj:
-                        trunc_normal_(conv.weight, std=.02)
-                        nn.init.zeros_(conv.bias)
-            elif isinstance(m, WindowAttention):
-                trunc_normal_(m.relative_position_bias_table, std=.02)
+        init_transformer_weights(self, _init_fan_module)
         if hasattr(self, 'cls_token'):
             trunc_normal_(self.cls_token, std=.02)
 
@@ -612,7 +627,13 @@ class FAN(AttentionBackbone):
         return x.contiguous()
 
     def forward(self, x: Tensor) -> Tuple[Tensor, ...]:
-        """(B, C_in, H, W) -> tuple of (B, num_features[i], ceil(H / s_i), ceil(W / s_i)), s = 4/8/16/32."""
+        """(B, C_in, H, W) -> tuple of (B, num_features[i], ceil(H / s_i), ceil(W / s_i)), s = 4/8/16/32; with a
+        classifier ``out_type``, a 1-tuple of the (B, C) features of the official head."""
+        if self.out_type != 'featmap':
+            return (self.forward_classifier(x), )
+        return self._forward_dense(x)
+
+    def _forward_dense(self, x: Tensor) -> Tuple[Tensor, ...]:
         self._check_input(x)
         H, W = x.shape[-2:]
         if self.form == 'swin':
@@ -637,13 +658,16 @@ class FAN(AttentionBackbone):
 
     def forward_classifier(self, x: Tensor) -> Tensor:
         """(B, C_in, H, W) -> (B, C) pooled features for a linear classifier: the normalised class token
-        (vit, hybrid; needs ``classifier=True``) or the mean of the normalised last Swin stage (needs
-        ``3 in out_indices`` and ``out_norms``)."""
+        (vit, hybrid; needs ``out_type='cls_token'`` or ``classifier=True``) or the mean of the normalised last
+        Swin stage (needs ``norm3``: ``out_type='avg_featmap'``, or ``3 in out_indices`` and ``out_norms``)."""
         self._check_input(x)
         if self.form == 'swin':
-            return self(x)[-1].mean(dim=(2, 3))
+            if not (3 in self.out_indices and self.out_norms):
+                raise RuntimeError("forward_classifier of a swin FAN needs norm3 (out_type='avg_featmap', or 3 in "
+                                   "out_indices with out_norms=True)")
+            return self._forward_dense(x)[self.out_indices.index(3)].mean(dim=(2, 3))
         if not hasattr(self, 'cls_norm'):
-            raise RuntimeError('forward_classifier needs FAN(..., classifier=True)')
+            raise RuntimeError("forward_classifier needs FAN(..., out_type='cls_token') or classifier=True")
         tokens = self._run_blocks(x)[0]
         return self.cls_norm(self._class_attention(tokens))[:, 0]
 
@@ -657,6 +681,23 @@ class FAN(AttentionBackbone):
         else:
             frozen = [self.patch_embed, self.pos_embed, *self.blocks[:self.frozen_stages]]
         self._freeze(frozen)
+
+    def _layer_order(self) -> LayerOrder:
+        if self.form == 'swin':
+            yield 'patch_embed', False
+            yield from stage_layer_order(self.stages, before=('downsample', ))
+            return
+        if self.form == 'vit':
+            yield 'patch_embed', False
+        else:  # the ConvNeXt blocks of the hybrid stem are layers too
+            yield 'patch_embed.stem', False
+            yield from stage_layer_order(self.patch_embed.stages, 'patch_embed.stages', before=('downsample', ))
+            yield 'patch_embed.proj', False
+        yield 'pos_embed', False
+        yield from ((f'blocks.{i}', True) for i in range(len(self.blocks)))
+        if hasattr(self, 'cls_attn_blocks'):
+            # the class-attention head is one layer after the blocks (as timm groups XCiT's)
+            yield from (('cls_token', True), ('cls_attn_blocks', False), ('cls_norm', False))
 
 
 def _build_bn(norm_cfg: dict, channels: int) -> nn.Module:

@@ -23,7 +23,7 @@ from mmvisatt.checkpoint import register_converter
 from ..layers.pooling_attention import PoolingResidualAttention
 from ..layers.residual_attention import ALIGNERS, POOLED_ALIGNERS, PooledScores, WindowScores, mix_scores
 from ..layers.simple_pyramid import PYRAMID_SCALES, SimpleFeaturePyramid
-from .base import AttentionBackbone
+from .base import AttentionBackbone, LayerOrder, init_transformer_weights, stage_layer_order
 from ..layers.window import (WindowGrid, merge_windows, partition_windows, relative_position_index,
                              window_attention_mask)
 
@@ -222,9 +222,7 @@ class ReSwinTransformer(AttentionBackbone):
             raise ValueError(f"residual_mode must be one of {sorted(ALIGNERS)}, got '{residual_mode}'")
         depths, heads = arch['depths'], arch['num_heads']
         num_stages = len(depths)
-        out_indices = tuple(i % num_stages for i in out_indices)
-        if any(i >= num_stages for i in out_indices):
-            raise ValueError(f'out_indices {out_indices} out of range for {num_stages} stages')
+        out_indices = self._check_out_indices(out_indices, num_stages)
         self.in_channels = in_channels
         self.patch_size = patch_size
         self.residual_mode = residual_mode
@@ -263,16 +261,7 @@ class ReSwinTransformer(AttentionBackbone):
     def init_weights(self):
         if self._init_from_cfg('reswin'):
             return
-        for m in self.modules():
-            if isinstance(m, nn.Linear):
-                trunc_normal_(m.weight, std=.02)
-                if m.bias is not None:
-                    nn.init.zeros_(m.bias)
-            elif isinstance(m, nn.LayerNorm):
-                nn.init.ones_(m.weight)
-                nn.init.zeros_(m.bias)
-            elif isinstance(m, WindowResidualAttention):
-                trunc_normal_(m.relative_position_bias_table, std=.02)
+        init_transformer_weights(self, _init_position_tables)
 
     def forward(self, x: Tensor) -> Tuple[Tensor, ...]:
         """(B, C, H, W) -> tuple of (B, C_i, ceil(H / 2**(i+2)), ceil(W / 2**(i+2))) for ``out_indices``."""
@@ -295,6 +284,11 @@ class ReSwinTransformer(AttentionBackbone):
         if self.frozen_stages >= 1 and isinstance(self.alpha, nn.Parameter):
             # alpha is shared by every layer, so frozen stages stay frozen only if it does
             self.alpha.requires_grad = False
+
+    def _layer_order(self) -> LayerOrder:
+        # patch merging opens a stage but belongs to the layer of the block before it (mmpretrain's Swin rule)
+        yield 'patch_embed', False
+        yield from stage_layer_order(self.stages, before=('downsample', ))
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -354,18 +348,12 @@ def _make_alpha(alpha_init: float, learnable: bool) -> Union[nn.Parameter, float
     return nn.Parameter(torch.tensor([float(alpha_init)])) if learnable else float(alpha_init)
 
 
-def _init_transformer_weights(model: nn.Module) -> None:
-    for m in model.modules():
-        if isinstance(m, nn.Linear):
-            trunc_normal_(m.weight, std=.02)
-            if m.bias is not None:
-                nn.init.zeros_(m.bias)
-        elif isinstance(m, nn.LayerNorm):
-            nn.init.ones_(m.weight)
-            nn.init.zeros_(m.bias)
-        elif isinstance(m, PoolingResidualAttention) and m.rel_pos_h is not None:
-            trunc_normal_(m.rel_pos_h, std=.02)
-            trunc_normal_(m.rel_pos_w, std=.02)
+def _init_position_tables(m: nn.Module) -> None:
+    if isinstance(m, WindowResidualAttention):
+        trunc_normal_(m.relative_position_bias_table, std=.02)
+    elif isinstance(m, PoolingResidualAttention) and m.rel_pos_h is not None:
+        trunc_normal_(m.rel_pos_h, std=.02)
+        trunc_normal_(m.rel_pos_w, std=.02)
 
 
 @MODELS.register_module()
@@ -430,7 +418,7 @@ class ReViT(AttentionBackbone):
         if self._init_from_cfg('revit'):
             return
         trunc_normal_(self.pos_embed, std=.02)
-        _init_transformer_weights(self)
+        init_transformer_weights(self, _init_position_tables)
 
     def _position_embedding(self, height: int, width: int) -> Tensor:
         """(1, height, width, C): the learned grid, bicubically resized for another token grid."""
@@ -462,6 +450,10 @@ class ReViT(AttentionBackbone):
         self._freeze([self.patch_embed, *self.blocks[:self.frozen_stages]])
         if self.frozen_stages >= 1 and isinstance(self.alpha, nn.Parameter):
             self.alpha.requires_grad = False
+
+    def _layer_order(self) -> LayerOrder:
+        yield from (('patch_embed', False), ('pos_embed', False))
+        yield from ((f'blocks.{i}', True) for i in range(len(self.blocks)))
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         # Checkpoints trained at another resolution (e.g. 384: 24x24 tokens) carry another square grid.
@@ -593,7 +585,7 @@ class ReMViTv2(AttentionBackbone):
     def init_weights(self):
         if self._init_from_cfg('remvit'):
             return
-        _init_transformer_weights(self)
+        init_transformer_weights(self, _init_position_tables)
 
     def forward(self, x: Tensor) -> Tuple[Tensor, ...]:
         """(B, C_in, H, W) -> tuple of (B, num_features[i], ceil(H / 2**(i+2)), ceil(W / 2**(i+2)))."""
@@ -615,6 +607,10 @@ class ReMViTv2(AttentionBackbone):
         self._freeze(frozen)
         if self.frozen_stages >= 1 and isinstance(self.alpha, nn.Parameter):
             self.alpha.requires_grad = False
+
+    def _layer_order(self) -> LayerOrder:
+        yield 'patch_embed', False
+        yield from stage_layer_order(self.stages)
 
 
 # ---------------------------------------------------------------------------------------------------------

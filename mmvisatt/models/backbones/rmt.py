@@ -16,12 +16,12 @@ import torch.nn as nn
 import torch.utils.checkpoint as cp
 from mmengine.logging import print_log
 from mmengine.registry import MODELS
-from timm.layers import DropPath, trunc_normal_
+from timm.layers import DropPath
 from torch import Tensor
 
 from mmvisatt.checkpoint import load_pretrained, read_checkpoint, register_converter
 from ..layers.spatial_decay import SpatialDecay, decayed_attention
-from .base import AttentionBackbone
+from .base import AttentionBackbone, LayerOrder, init_transformer_weights, stage_layer_order
 
 
 class RasterRotary(nn.Module):
@@ -257,15 +257,12 @@ class DecayBackbone(AttentionBackbone):
             frozen += [getattr(self, f'norm{i}') for i in range(self.frozen_stages) if i in self.out_indices]
         self._freeze(frozen)
 
+    def _layer_order(self) -> LayerOrder:
+        yield 'patch_embed', False
+        yield from stage_layer_order(self.stages, after=('downsample', ))
+
     def _default_init(self) -> None:
-        for m in self.modules():
-            if isinstance(m, nn.Linear):
-                trunc_normal_(m.weight, std=.02)
-                if m.bias is not None:
-                    nn.init.zeros_(m.bias)
-            elif isinstance(m, nn.LayerNorm):
-                nn.init.ones_(m.weight)
-                nn.init.zeros_(m.bias)
+        init_transformer_weights(self)
 
     def init_weights(self):
         if self._init_from_cfg(self._family):

@@ -33,7 +33,7 @@ from torch import Tensor
 
 from mmvisatt.checkpoint import register_converter
 from ..layers.shunted_attention import ODD_SIZES, ShuntedAttention, check_choice
-from .base import AttentionBackbone
+from .base import AttentionBackbone, LayerOrder, stage_layer_order
 
 Size = Tuple[int, int]
 
@@ -283,6 +283,10 @@ class ShuntedTransformer(AttentionBackbone):
         if self.frozen_stages < 0:
             return
         self._freeze([self.stages[0].patch_embed, *self.stages[:self.frozen_stages]])
+
+    def _layer_order(self) -> LayerOrder:
+        # the stem is stage 0's patch embedding; a stage norm feeds the next stage, so it is not a head
+        yield from stage_layer_order(self.stages, before=('patch_embed', ), after=('norm', ))
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -35,6 +35,9 @@ def multi_head_attention(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor]
     if bias is not None:
         bias = bias.to(q.dtype)
     if fused:
+        if bias is not None and q.dim() == 4 and bias.dim() < 4:
+            # PyTorch's CPU flash kernel only takes a 4-d mask; others fall back to the slow math kernel.
+            bias = bias.reshape((1, ) * (4 - bias.dim()) + tuple(bias.shape))
         return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout)
     scores = (q * q.shape[-1] ** -0.5) @ k.transpose(-2, -1)
     if bias is not None:

@@ -47,7 +47,7 @@ def add_decomposed_rel_pos(scores: Tensor, q: Tensor, q_size: Pair, kv_size: Pai
     r_q = q.reshape(B, heads, qh, qw, dim)
     rel_h = torch.einsum('bnhwc,hkc->bnhwk', r_q, relative_position_embeddings(rel_pos_h, qh, kh))
     rel_w = torch.einsum('bnhwc,wkc->bnhwk', r_q, relative_position_embeddings(rel_pos_w, qw, kw))
-    scores = scores.reshape(B, -1, qh, qw, kh, kw) + rel_h[..., :, None] + rel_w[..., None, :]
+    scores = (scores.reshape(B, -1, qh, qw, kh, kw) + rel_h[..., :, None]).add_(rel_w[..., None, :])
     return scores.reshape(B, -1, qh * qw, kh * kw)
 
 

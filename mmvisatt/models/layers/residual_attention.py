@@ -53,13 +53,20 @@ def align_by_slot(prev: WindowScores, grid: WindowGrid, batch: int, num_heads: i
 
 # Blocks of a stage alternate between two partitions and batches mostly repeat their padded size, so a few
 # cached maps serve most calls; int32 indices halve their memory (about 15 MB per map at 800x1333 input).
+class _PairSources(NamedTuple):
+    index: Tensor  # (K, L) int32
+    valid: Tensor  # (K, L) bool
+    divisor: Tensor  # (L, ) number of valid sources, at least 1
+    any_valid: Tensor  # (num_windows, N, N) bool
+
+
 @lru_cache(maxsize=8)
-def _pair_sources(prev: WindowGrid, cur: WindowGrid, device: torch.device) -> Tuple[Tensor, Tensor]:
+def _pair_sources(prev: WindowGrid, cur: WindowGrid, device: torch.device) -> _PairSources:
     """For every current (window, query, key) slot, where its pair of positions sits in ``prev``'s scores.
 
-    Returns ``index`` (K, L) into the flattened previous (window, query, key) axis and ``valid`` (K, L), with
-    L = num_windows * N * N and K the number of fine-position pairs a current pair stands for (1 within a
-    stage, 16 after a 2x patch merging).
+    ``index`` (K, L) points into the flattened previous (window, query, key) axis, ``valid`` (K, L) says which
+    of those pairs the previous layer scored; L = num_windows * N * N and K is the number of fine-position pairs
+    a current pair stands for (1 within a stage, 16 after a 2x patch merging).
     """
     if (prev.height, prev.width) == (cur.height, cur.width):
         factor = 1
@@ -87,7 +94,9 @@ def _pair_sources(prev: WindowGrid, cur: WindowGrid, device: torch.device) -> Tu
     index = index.reshape(-1, N, N, K)
     valid = valid.reshape(-1, N, N, K)
     index = torch.where(valid, index, torch.zeros_like(index)).to(torch.int32)
-    return index.reshape(-1, K).t().contiguous(), valid.reshape(-1, K).t().contiguous()
+    count = valid.reshape(-1, K).sum(1)
+    return _PairSources(index.reshape(-1, K).t().contiguous(), valid.reshape(-1, K).t().contiguous(),
+                        count.clamp(min=1), (count > 0).reshape(cur.num_windows, N, N))
 
 
 def align_by_position(prev: WindowScores, grid: WindowGrid, batch: int,
@@ -104,14 +113,17 @@ def align_by_position(prev: WindowScores, grid: WindowGrid, batch: int,
         # Heads of different widths have no one-to-one correspondence; their mean broadcasts to all new heads.
         scores = scores.mean(dim=2, keepdim=True)
     scores = scores.transpose(1, 2).flatten(2)  # (B, h, prev_windows * Np * Np)
-    index, valid = _pair_sources(prev.grid, grid, scores.device)
-    total = scores.new_zeros(scores.shape[0], scores.shape[1], index.shape[1])
-    for k in range(index.shape[0]):  # a loop keeps peak memory at one gather
-        total = total + scores[:, :, index[k]] * valid[k]
-    count = valid.sum(0)
-    aligned = total / count.clamp(min=1)
+    index, valid, divisor, any_valid = _pair_sources(prev.grid, grid, scores.device)
+    if index.shape[0] == 1:
+        # One source per pair (within a stage): the average below reduces to this gather, bit for bit.
+        aligned = scores[:, :, index[0]] * valid[0]
+    else:
+        total = scores.new_zeros(scores.shape[0], scores.shape[1], index.shape[1])
+        for k in range(index.shape[0]):  # a loop keeps peak memory at one gather
+            total = total + scores[:, :, index[k]] * valid[k]
+        aligned = total / divisor
     aligned = aligned.reshape(batch, -1, grid.num_windows, N, N).transpose(1, 2)
-    return aligned.reshape(batch * grid.num_windows, -1, N, N), (count > 0).reshape(grid.num_windows, N, N)
+    return aligned.reshape(batch * grid.num_windows, -1, N, N), any_valid
 
 
 def mix_scores(scores: Tensor, residual: Optional[Tensor], valid: Optional[Tensor],
@@ -122,7 +134,8 @@ def mix_scores(scores: Tensor, residual: Optional[Tensor], valid: Optional[Tenso
     """
     if residual is None:
         return scores
-    mixed = alpha * scores + (1 - alpha) * residual
+    # in place into the fresh product: one score-sized allocation fewer, the same sums
+    mixed = (alpha * scores).add_((1 - alpha) * residual)
     if valid is None:
         return mixed
     B = scores.shape[0] // num_windows
@@ -174,8 +187,10 @@ GridOp = Callable[[Tensor], Tensor]
 def _on_query_axis(scores: Tensor, size: Tuple[int, int], op: GridOp) -> Tensor:
     """Apply ``op`` ((N, C, H, W) -> (N, C, H', W')) to the query grid of (B, h, H*W, Nk) scores."""
     B, h, _, Nk = scores.shape
-    out = op(scores.transpose(-1, -2).reshape(B * h, Nk, *size))
-    return out.reshape(B, h, Nk, -1).transpose(-1, -2)
+    # (B * h, H, W, Nk) read as an NCHW map in channels-last memory: the pooling kernels take it as it lies,
+    # where a transpose to contiguous NCHW would copy the whole score tensor there and back.
+    out = op(scores.reshape(B * h, *size, Nk).permute(0, 3, 1, 2))
+    return out.permute(0, 2, 3, 1).reshape(B, h, -1, Nk)
 
 
 def _on_key_axis(scores: Tensor, size: Tuple[int, int], op: GridOp) -> Tensor:

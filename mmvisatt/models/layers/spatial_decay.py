@@ -158,13 +158,16 @@ def decayed_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, fused: bool
     """
     bias = bias.to(q.dtype)
     if fused:
+        lead = q.shape[:-3]
         if q.dim() > 4 and bias.dim() <= 3:
             # the fused kernels take (batch, heads, N, d); extra leading dims fold into the batch
-            lead = q.shape[:-3]
-            out = F.scaled_dot_product_attention(q.reshape(-1, *q.shape[-3:]), k.reshape(-1, *k.shape[-3:]),
-                                                 v.reshape(-1, *v.shape[-3:]), attn_mask=bias, scale=1.0)
-            return out.view(*lead, *out.shape[-3:])
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=1.0)
+            q, k, v = (t.reshape(-1, *t.shape[-3:]) for t in (q, k, v))
+        if q.dim() == 4:
+            # PyTorch's CPU flash kernel only takes a 4-d mask; a (heads, N, N) one sends the call to the
+            # unfused math fallback, several times slower than even the explicit path.
+            bias = bias.reshape((1, ) * (4 - bias.dim()) + tuple(bias.shape))
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=1.0)
+        return out.view(*lead, *out.shape[-3:])
     return torch.softmax(q @ k.transpose(-2, -1) + bias, dim=-1) @ v
 
 

@@ -3,6 +3,7 @@
 A :class:`WindowGrid` records how a feature map was cut into windows. Blocks need it twice: to build the
 attention mask, and to tell the next block's residual-score alignment which image positions a score belonged to.
 """
+from functools import lru_cache
 from typing import NamedTuple, Optional
 
 import torch
@@ -105,8 +106,13 @@ def window_region_labels(grid: WindowGrid, device: Optional[torch.device] = None
     return window_partition(labels[None, :, :, None], M).squeeze(-1)
 
 
+# Every block of a stage asks for the same one or two masks; building them is a few full-size passes.
+@lru_cache(maxsize=16)
 def window_attention_mask(grid: WindowGrid, device: Optional[torch.device] = None) -> Optional[Tensor]:
-    """(num_windows, N, N) additive mask, or None when every pair may attend (no shift, no padding)."""
+    """(num_windows, N, N) additive mask, or None when every pair may attend (no shift, no padding).
+
+    The tensor is cached per (grid, device) and shared: do not modify it in place.
+    """
     if not grid.shift and grid.padded_h == grid.height and grid.padded_w == grid.width:
         return None
     labels = window_region_labels(grid, device)

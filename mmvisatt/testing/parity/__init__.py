@@ -33,9 +33,11 @@ class StageTap(nn.Module):
     """
 
     def __init__(self, backbone: nn.Module, taps: List[str], to_nchw: Callable[[Tensor], Tensor],
-                 head: Optional[nn.Module] = None, pool_index: int = -1):
+                 head: Optional[nn.Module] = None, pool_index: int = -1, backbone_cfg: Optional[dict] = None):
         super().__init__()
         self.backbone = backbone
+        # the registry config of ``backbone`` where the builder made one (to rebuild it inside a task config)
+        self.backbone_cfg = backbone_cfg
         self.head = head
         self.taps = taps
         self.pool_index = pool_index

@@ -4,6 +4,7 @@ import re
 from typing import List, Sequence, Tuple
 
 import torch.nn as nn
+from mmengine.registry import MODELS
 
 from mmvisatt.models.backbones.revit import ReMViTv2, ReSwinTransformer, ReViT
 
@@ -17,16 +18,18 @@ def _reswin_from_official_swin(meta: dict, state_dict: dict) -> nn.Module:
         raise ValueError('ReSwinTransformer supports the official Swin without absolute position embedding, '
                          'with patch norm and head_dim = dim // heads')
     depths = list(kw['depths'])
-    backbone = ReSwinTransformer(
+    backbone_cfg = dict(
+        type='ReSwinTransformer',
         arch=dict(embed_dims=kw['embed_dim'], depths=depths, num_heads=list(kw['num_heads'])),
         in_channels=kw.get('in_chans', 3), patch_size=kw.get('patch_size', 4), window_size=kw['window_size'],
         mlp_ratio=kw.get('mlp_ratio', 4.), qkv_bias=kw.get('qkv_bias', True), residual_mode='official',
         out_indices=tuple(range(len(depths))))
+    backbone = MODELS.build(backbone_cfg)
     head = nn.Linear(backbone.num_features[-1], kw['num_classes']) if kw.get('num_classes') else None
     load_converted(backbone, head, state_dict, 'reswin', allow_missing=ReSwinTransformer.new_keys)
     # the official stage points are the last block of each stage (before the next stage's patch merging)
     taps = [f'stages.{i}.blocks.{d - 1}' for i, d in enumerate(depths)]
-    return StageTap(backbone, taps, lambda t: t.permute(0, 3, 1, 2), head).eval()
+    return StageTap(backbone, taps, lambda t: t.permute(0, 3, 1, 2), head, backbone_cfg=backbone_cfg).eval()
 
 
 def _official_round_width(width: float, multiplier: float, divisor: int = 1) -> int:
@@ -91,8 +94,9 @@ def _revit_from_official(meta: dict, state_dict: dict) -> nn.Module:
         if not r.get('use_abs_pos') or kernel != stride or padding:
             raise ValueError('A plain official ReViT maps to mmvisatt ReViT with an absolute position embedding '
                              'and non-overlapping patches')
-        backbone = ReViT(arch=dict(embed_dims=r['embed_dim'], depth=r['depth'], num_heads=r['num_heads']),
-                         patch_size=stride, out_indices=(2, ), **common)
+        backbone_cfg = dict(type='ReViT', arch=dict(embed_dims=r['embed_dim'], depth=r['depth'],
+                                                    num_heads=r['num_heads']),
+                            patch_size=stride, out_indices=(2, ), **common)
         block_names = {i: f'blocks.{i}' for i in range(r['depth'])}
         family, cls = 'revit', ReViT
     else:
@@ -113,7 +117,8 @@ def _revit_from_official(meta: dict, state_dict: dict) -> nn.Module:
         adaptive = r.get('pool_kv_stride_adaptive')
         if not adaptive:
             raise ValueError('mmvisatt ReMViTv2 derives key/value strides adaptively (pool_kv_stride_adaptive)')
-        backbone = ReMViTv2(
+        backbone_cfg = dict(
+            type='ReMViTv2',
             arch=dict(embed_dims=[dims[i] for i in starts], num_heads=[heads[i] for i in starts],
                       depths=[end - start for start, end in zip(starts, ends)]),
             patch_cfg=dict(kernel_size=kernel, stride=stride, padding=padding),
@@ -124,6 +129,7 @@ def _revit_from_official(meta: dict, state_dict: dict) -> nn.Module:
         block_names = {i: f'stages.{s}.blocks.{i - start}'
                        for s, (start, end) in enumerate(zip(starts, ends)) for i in range(start, end)}
         family, cls = 'remvit', ReMViTv2
+    backbone = MODELS.build(backbone_cfg)
     num_classes = cfg['MODEL'].get('num_classes')
     head = nn.Linear(dims[-1], num_classes) if num_classes and 'logits_shape' in meta else None
     load_converted(backbone, head, state_dict, family, allow_missing=cls.new_keys)
@@ -134,4 +140,4 @@ def _revit_from_official(meta: dict, state_dict: dict) -> nn.Module:
             raise ValueError(f"Stage point '{point}' is not an official block output (blocks.<i>)")
         taps.append(block_names[int(m.group(1))])
     # the head pools the normalised last map: norm2 of ReViT (its final norm, stride 16), norm3 of ReMViTv2
-    return StageTap(backbone, taps, lambda t: t.permute(0, 3, 1, 2), head).eval()
+    return StageTap(backbone, taps, lambda t: t.permute(0, 3, 1, 2), head, backbone_cfg=backbone_cfg).eval()

@@ -1,0 +1,19 @@
+# FAN-L-Hybrid (ConvNeXt stem stages, 480 channels, 22 FAN blocks; the official detection layout).
+# What every task config of this backbone shares (over the FAN recipes of _fan.py).
+_base_ = ['./_fan.py']
+# Official ImageNet weights: https://github.com/zhoudaquan/fully_attentional_network_ckpt/releases/download/v1.0.0/
+# fan_hybrid_large_in22k_1k.pth.tar
+# FAN-L-Hybrid has no ImageNet-1k release (official issue #18): the ImageNet-22k -> 1k fine-tuned file
+# is the official starting point.
+pretrained = 'checkpoints/fan_hybrid_large_in22k_1k.pth.tar'
+pretrained_source = ('https://github.com/zhoudaquan/fully_attentional_network_ckpt/releases/download/v1.0.0/'
+                     'fan_hybrid_large_in22k_1k.pth.tar')
+preset = dict(
+    name='FAN-L-Hybrid',
+    # SyncBN in the stem / channel attention as the official detection code (BN outside DDP)
+    backbone=dict(type='FAN', arch='hybrid_l', norm_cfg=dict(type='SyncBN'),
+                  init_cfg=dict(type='Pretrained', checkpoint=pretrained)),
+    channels=[128, 256, 480, 768],
+    cls=dict(channels=480, drop_path_rate=0.45, warmup_epochs=10, optimizer=dict(lr=0.004),
+             recipe='official FAN-L-Hybrid ImageNet run (AdamW 0.004, wd 0.05, batch 1024)'),
+    reported=dict(cascade_mask_rcnn_3x='the FAN paper\'s COCO detector (Cascade Mask R-CNN 3x)'))

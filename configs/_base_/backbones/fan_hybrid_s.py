@@ -1,0 +1,17 @@
+# FAN-S-Hybrid (ConvNeXt stem stages, 384 channels, 10 FAN blocks; the official detection layout).
+# What every task config of this backbone shares (over the FAN recipes of _fan.py).
+_base_ = ['./_fan.py']
+# Official ImageNet weights: https://github.com/zhoudaquan/fully_attentional_network_ckpt/releases/download/v1.0.0/
+# fan_hybrid_small.pth.tar
+pretrained = 'checkpoints/fan_hybrid_small.pth.tar'
+pretrained_source = ('https://github.com/zhoudaquan/fully_attentional_network_ckpt/releases/download/v1.0.0/'
+                     'fan_hybrid_small.pth.tar')
+preset = dict(
+    name='FAN-S-Hybrid',
+    # SyncBN in the stem / channel attention as the official detection code (BN outside DDP)
+    backbone=dict(type='FAN', arch='hybrid_s', norm_cfg=dict(type='SyncBN'),
+                  init_cfg=dict(type='Pretrained', checkpoint=pretrained)),
+    channels=[128, 256, 384, 768],
+    cls=dict(channels=384, drop_path_rate=0.25, warmup_epochs=5, optimizer=dict(lr=0.004),
+             recipe='official FAN-S-Hybrid ImageNet run (AdamW 0.004, wd 0.05, batch 1024)'),
+    reported=dict(cascade_mask_rcnn_3x='the FAN paper\'s COCO detector (Cascade Mask R-CNN 3x)'))

@@ -1,0 +1,16 @@
+# FAN-B-ViT (448 channels, 18 FAN blocks, conv patch embedding p16; a simple feature pyramid for dense tasks).
+# What every task config of this backbone shares (over the FAN recipes of _fan.py).
+_base_ = ['./_fan.py']
+# Official ImageNet weights: https://github.com/zhoudaquan/fully_attentional_network_ckpt/releases/download/v1.0.0/
+# fan_vit_base.pth.tar
+pretrained = 'checkpoints/fan_vit_base.pth.tar'
+pretrained_source = ('https://github.com/zhoudaquan/fully_attentional_network_ckpt/releases/download/v1.0.0/'
+                     'fan_vit_base.pth.tar')
+preset = dict(
+    name='FAN-B-ViT',
+    # SyncBN in the stem / channel attention as the official detection code (BN outside DDP)
+    backbone=dict(type='FAN', arch='vit_b', norm_cfg=dict(type='SyncBN'),
+                  init_cfg=dict(type='Pretrained', checkpoint=pretrained)),
+    channels=[112, 224, 448, 448],
+    cls=dict(channels=448, drop_path_rate=0.35, warmup_epochs=5, optimizer=dict(lr=0.002),
+             recipe='official FAN-B-ViT ImageNet run (AdamW 0.002, wd 0.05, batch 1024)'))

@@ -1,0 +1,20 @@
+# Cascade Mask R-CNN (4conv1fc box heads, GIoU) + FPN, 3x schedule with multi-scale training and crops, with
+# Shunted-S.
+# Recipe: PVTv2 Mask R-CNN recipe (AdamW 2e-4, wd 1e-4, batch 16); backbone settings in _base_/backbones/shunted_s.py.
+# Written by tools/misc/generate_configs.py from mmvisatt/task_configs.py: edit those, not this.
+_base_ = [
+    '_base_/models/cascade_mask_rcnn_fpn_4conv1fc_giou.py',
+    '_base_/datasets/coco_instance_ms_crop.py',
+    '_base_/schedules/schedule_3x.py',
+    '_base_/default_runtime_det.py',
+    '_base_/backbones/shunted_s.py',
+]
+
+model = dict(
+    backbone=dict(_base_.preset.backbone, drop_path_rate=_base_.preset.drop_path_rate),
+    neck=dict(in_channels=_base_.preset.channels))
+optim_wrapper = dict(
+    type='OptimWrapper',
+    optimizer=_base_.preset.det.optimizer,
+    paramwise_cfg=dict(custom_keys={key: dict(decay_mult=0.) for key in _base_.preset.no_decay}))
+auto_scale_lr = dict(base_batch_size=_base_.preset.det.batch_size)

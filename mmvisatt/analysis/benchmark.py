@@ -1,0 +1,880 @@
+"""Speed and memory of a backbone or of a whole detector / segmentor / classifier config.
+
+What is measured, on a synthetic batch of the requested resolution and batch size:
+
+- ``inference``: latency of one forward pass in eval mode without gradients (a config's ``test_step``, i.e. data
+  preprocessing + prediction with its post-processing), after warm-up passes; median, quartiles and spread of the
+  repeats, and throughput (images / s at the median).
+- ``train``: time of one training step: forward, loss, backward and optimizer step (a backbone is trained on the
+  mean of its outputs with AdamW; a config with its own ``optim_wrapper`` optimizer and its losses on a synthetic
+  batch of the right kind: boxes and masks for mmdet, label maps for mmseg, labels for mmpretrain).
+- ``inference-memory`` / ``train-memory``: the peak memory of ``memory_steps`` such passes. On CUDA it is the
+  allocator's ``max_memory_allocated``; on CPU every measurement runs in a fresh subprocess whose resident-set
+  high-water mark (``VmHWM`` in ``/proc/self/status``, reset through ``/proc/self/clear_refs`` once the model and
+  batch are built) is read after the passes, so peaks of one measurement cannot leak into another. glibc is told
+  to serve large blocks with mmap (``MALLOC_MMAP_THRESHOLD_``) so that freed activations leave the resident set
+  and the RSS follows what the tensors hold. ``step_peak_mib`` is the peak above the memory held once the model
+  and batch exist (on CPU that baseline includes the interpreter and libraries, reported as ``baseline_mib``).
+
+``dtype`` ``bf16`` / ``fp16`` mean autocast mixed precision with float32 weights (what mmengine's
+``AmpOptimWrapper`` does); fp16 training scales the loss with a ``GradScaler``.
+
+``tools/analysis/benchmark.py`` is the command line; ``docs/benchmarks.md`` holds measured tables.
+"""
+import argparse
+import ast
+import contextlib
+import copy
+import gc
+import json
+import logging
+import os
+import os.path as osp
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+
+import torch
+import torch.nn as nn
+from mmengine.config import Config, ConfigDict, DictAction
+from mmengine.registry import MODELS, DefaultScope
+
+CONFIG_DIR = osp.join(osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))), 'configs')
+DTYPES = {'float32': torch.float32, 'bf16': torch.bfloat16, 'fp16': torch.float16}
+DTYPE_ALIASES = {'fp32': 'float32', 'bfloat16': 'bf16', 'float16': 'fp16', 'half': 'fp16'}
+MEASUREMENTS = ('inference', 'train', 'inference-memory', 'train-memory')
+TASK_SCOPES = ('mmdet', 'mmseg', 'mmpretrain')
+_RESULT_MARK = 'BENCHMARK-RESULT '
+_MIB = 2.0 ** 20
+
+
+class BenchmarkError(ValueError):
+    """A benchmark request that cannot run as asked (unknown model, unsupported dtype, ...); says how to fix it."""
+
+
+@dataclass
+class ModelSpec:
+    """What to build.
+
+    ``source`` is a backbone type of the registry (``RMT``, ``mmdet.SwinTransformer``), a backbone preset name
+    (``reswin_t`` = ``preset.backbone`` of ``configs/_base_/backbones/reswin_t.py``) or a config file (its whole
+    ``model``, or only ``model.backbone`` with ``backbone_only``). ``arch`` (name or dict) replaces the backbone's
+    ``arch``; ``options`` are merged into the backbone dict, ``cfg_options`` into a config. Pretrained
+    initialisation is always switched off, and SyncBN becomes BN outside a distributed run.
+    """
+    source: str
+    arch: Optional[Union[str, dict]] = None
+    options: Dict[str, Any] = field(default_factory=dict)
+    cfg_options: Dict[str, Any] = field(default_factory=dict)
+    backbone_only: bool = False
+    config_dir: str = CONFIG_DIR
+
+    @property
+    def label(self) -> str:
+        name = osp.basename(self.source) if self.is_config else self.source
+        if isinstance(self.arch, dict):
+            name += ':custom'
+        elif self.arch:
+            name += f':{self.arch}'
+        return name + (' (backbone)' if self.is_config and self.backbone_only else '')
+
+    @property
+    def is_config(self) -> bool:
+        return self.source.endswith('.py') or osp.isfile(self.source)
+
+
+@dataclass
+class BenchmarkSettings:
+    """How to measure. ``shape`` is (height, width); ``with_cp`` None keeps the backbone's own setting;
+    ``threads`` None keeps torch's default (``OMP_NUM_THREADS``)."""
+    shape: Tuple[int, int] = (224, 224)
+    batch_size: int = 1
+    dtype: str = 'float32'
+    device: str = 'cpu'
+    with_cp: Optional[bool] = None
+    warmup: int = 3
+    repeats: int = 10
+    memory_steps: int = 2
+    threads: Optional[int] = None
+    seed: int = 0
+
+    def __post_init__(self):
+        self.dtype = DTYPE_ALIASES.get(self.dtype, self.dtype)
+        if self.dtype not in DTYPES:
+            raise BenchmarkError(f"Unknown dtype '{self.dtype}'; choose one of {sorted(DTYPES)}.")
+        self.shape = tuple(int(s) for s in self.shape)
+        if len(self.shape) != 2 or min(self.shape) < 1:
+            raise BenchmarkError(f'shape must be two positive integers (height, width), got {self.shape}.')
+        for name in ('batch_size', 'repeats', 'memory_steps'):
+            if getattr(self, name) < 1:
+                raise BenchmarkError(f'{name} must be at least 1, got {getattr(self, name)}.')
+        if self.warmup < 0:
+            raise BenchmarkError(f'warmup must be 0 or more, got {self.warmup}.')
+        if self.device.startswith('cuda') and not torch.cuda.is_available():
+            raise BenchmarkError(f"device '{self.device}' requested but CUDA is not available; use --device cpu.")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Resolving and building models
+
+
+def parse_arch(text: Optional[str]) -> Optional[Union[str, dict]]:
+    """``'t'`` stays a name; ``"{'embed_dims': 16, ...}"`` becomes a dict."""
+    if text is None or not text.strip().startswith('{'):
+        return text
+    try:
+        arch = ast.literal_eval(text)
+    except (ValueError, SyntaxError) as error:
+        raise BenchmarkError(f'--arch {text!r} is not a valid Python dict literal ({error}).') from None
+    if not isinstance(arch, dict):
+        raise BenchmarkError(f'--arch {text!r} must be a preset name or a dict.')
+    return arch
+
+
+def parse_spec(text: str, **kwargs) -> ModelSpec:
+    """``'RMT:t'``, ``'mmdet.SwinTransformer'``, ``'reswin_t'`` or ``'configs/x.py'`` -> :class:`ModelSpec`."""
+    if text.endswith('.py') or osp.isfile(text):
+        return ModelSpec(text, **kwargs)
+    source, _, arch = text.partition(':')
+    given = kwargs.pop('arch', None)
+    if arch and given is not None:
+        raise BenchmarkError(f"'{text}' already names an arch; drop --arch {given}.")
+    return ModelSpec(source, arch=parse_arch(arch) if arch else given, **kwargs)
+
+
+def backbone_presets(config_dir: str = CONFIG_DIR) -> List[str]:
+    """Names of the backbone presets (``configs/_base_/backbones/*.py``)."""
+    folder = osp.join(config_dir, '_base_', 'backbones')
+    return sorted(f[:-3] for f in os.listdir(folder) if f.endswith('.py')) if osp.isdir(folder) else []
+
+
+def _registry_has(name: str) -> bool:
+    scope, _, _ = name.rpartition('.')
+    if scope and scope not in TASK_SCOPES:
+        return False
+    if scope:
+        _import_scope(scope)
+    return MODELS.get(name) is not None
+
+
+def _import_scope(scope: str) -> None:
+    import importlib
+    importlib.import_module(f'{scope}.utils').register_all_modules(init_default_scope=False)
+
+
+def _no_pretrained(node: Any) -> None:
+    """Drop every ``Pretrained`` init_cfg (nothing is downloaded and the weights do not change the cost)."""
+    if isinstance(node, dict):
+        init = node.get('init_cfg')
+        if isinstance(init, dict) and init.get('type') == 'Pretrained' or \
+                isinstance(init, list) and any(i.get('type') == 'Pretrained' for i in init):
+            node['init_cfg'] = None
+        for value in node.values():
+            _no_pretrained(value)
+    elif isinstance(node, (list, tuple)):
+        for value in node:
+            _no_pretrained(value)
+
+
+def _single_process_norms(node: Any) -> None:
+    """SyncBN -> BN: one process has nothing to synchronise with, and the cost per device is the same."""
+    if isinstance(node, dict):
+        if node.get('type') in ('SyncBN', 'MMSyncBN'):
+            node['type'] = 'BN'
+        for value in node.values():
+            _single_process_norms(value)
+    elif isinstance(node, (list, tuple)):
+        for value in node:
+            _single_process_norms(value)
+
+
+@dataclass
+class Resolved:
+    """A spec turned into a config: ``cfg`` is the backbone dict (``is_backbone``) or the model dict; ``scope``
+    the default scope to build it in; ``optim`` the config's ``optim_wrapper`` (or None)."""
+    cfg: dict
+    is_backbone: bool
+    scope: Optional[str]
+    optim: Optional[dict]
+
+
+def resolve(spec: ModelSpec, with_cp: Optional[bool] = None,
+            shape: Optional[Tuple[int, int]] = None) -> Resolved:
+    """The config dict of ``spec`` with ``arch``, ``options`` and ``with_cp`` applied and pretraining off.
+
+    A fixed input size of a config's data preprocessor (mmseg pads every crop to ``size``) becomes ``shape``, so
+    the model sees the requested resolution."""
+    import mmvisatt.models  # noqa: F401  (registers the backbones)
+    optim, scope, is_backbone = None, None, True
+    if spec.is_config:
+        if not osp.isfile(spec.source):
+            raise BenchmarkError(f"Config file '{spec.source}' does not exist.")
+        cfg = Config.fromfile(spec.source)
+        if spec.cfg_options:
+            cfg.merge_from_dict(spec.cfg_options)
+        if 'model' not in cfg:
+            raise BenchmarkError(f'{spec.source} has no `model` to benchmark.')
+        scope = cfg.get('default_scope')
+        if scope in TASK_SCOPES:
+            _import_scope(scope)
+        model = cfg.model.to_dict()
+        # as mmengine's Runner does: a top-level data_preprocessor (mmpretrain's, with num_classes) is the model's
+        if cfg.get('data_preprocessor') is not None:
+            model.setdefault('data_preprocessor', cfg.data_preprocessor.to_dict())
+        preprocessor = model.get('data_preprocessor') or {}
+        if shape is not None and preprocessor.get('size') is not None:
+            preprocessor['size'] = tuple(shape)
+        optim = cfg.get('optim_wrapper')
+        optim = optim.to_dict() if isinstance(optim, ConfigDict) else optim
+        if spec.backbone_only:
+            if 'backbone' not in model:
+                raise BenchmarkError(f'{spec.source} has no model.backbone; drop --backbone-only.')
+            model, optim = model['backbone'], None
+        else:
+            is_backbone = False
+    elif spec.source in backbone_presets(spec.config_dir):
+        preset = Config.fromfile(osp.join(spec.config_dir, '_base_', 'backbones', f'{spec.source}.py'))
+        if 'preset' not in preset or 'backbone' not in preset.preset:
+            raise BenchmarkError(f'Preset file {spec.source}.py has no preset.backbone.')
+        model = preset.preset.backbone.to_dict()
+    elif _registry_has(spec.source):
+        model = dict(type=spec.source)
+    else:
+        presets = ', '.join(backbone_presets(spec.config_dir)) or 'none found'
+        raise BenchmarkError(
+            f"Unknown backbone '{spec.source}': it is not a model type in the registry (mmvisatt types such as "
+            f"RMT, ShuntedTransformer, FAN, ReSwinTransformer; other libraries with their scope, e.g. "
+            f"mmdet.SwinTransformer), not a backbone preset ({presets}) and not a config file (*.py).")
+    backbone = model if is_backbone else model.get('backbone')
+    if backbone is None:
+        if spec.arch is not None or spec.options or with_cp is not None:
+            raise BenchmarkError(f'{spec.source} has no model.backbone for --arch / --backbone-options / '
+                                 '--with-cp; drop them.')
+        backbone = {}
+    if spec.arch is not None:
+        backbone['arch'] = spec.arch
+    backbone.update(spec.options)
+    if with_cp is not None:
+        backbone['with_cp'] = with_cp
+    _no_pretrained(model)
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        _single_process_norms(model)
+    return Resolved(model, is_backbone, scope, optim)
+
+
+@contextlib.contextmanager
+def _quiet_logs():
+    """Keep mmengine's per-parameter init and paramwise-lr INFO lines out of the benchmark's output."""
+    from mmengine.logging import MMLogger
+    loggers = [MMLogger.get_current_instance(), MMLogger.get_instance('mmengine')]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
+
+
+def build_model(resolved: Resolved, label: str) -> nn.Module:
+    """Build and initialise ``resolved`` (randomly); errors from the constructor name the model."""
+    # task models read their sub-configs as attributes (train_cfg.rpn)
+    cfg = ConfigDict(copy.deepcopy(resolved.cfg))
+    try:
+        with DefaultScope.overwrite_default_scope(resolved.scope):
+            model = MODELS.build(cfg)
+    except (TypeError, ValueError, KeyError) as error:
+        hint = ''
+        if "keyword argument 'with_cp'" in str(error):
+            hint = ' This backbone has no activation checkpointing switch: drop --with-cp.'
+        elif "keyword argument 'arch'" in str(error):
+            hint = ' This model type takes no `arch`: drop --arch.'
+        raise BenchmarkError(f'Cannot build {label}: {error}.{hint}') from None
+    with _quiet_logs():
+        model.init_weights()
+    return model
+
+
+def model_kind(model: nn.Module) -> str:
+    """'det', 'seg' or 'cls' for a whole model of a task library, 'backbone' otherwise."""
+    root = type(model).__module__.split('.')[0]
+    if root == 'mmdet':
+        from mmdet.models.detectors import BaseDetector
+        if isinstance(model, BaseDetector):
+            return 'det'
+    if root == 'mmseg':
+        from mmseg.models.segmentors import BaseSegmentor
+        if isinstance(model, BaseSegmentor):
+            return 'seg'
+    if root == 'mmpretrain':
+        from mmpretrain.models.classifiers import BaseClassifier
+        if isinstance(model, BaseClassifier):
+            return 'cls'
+    return 'backbone'
+
+
+def _num_classes(model: nn.Module, default: int) -> int:
+    """The largest ``num_classes`` of the heads (an RPN head says 1, the box and mask heads the dataset's)."""
+    values = [m.num_classes for m in model.modules() if isinstance(getattr(m, 'num_classes', None), int)]
+    return max(values) if values and max(values) > 1 else default
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Synthetic batches
+
+
+def _images(settings: BenchmarkSettings, generator: torch.Generator) -> List[torch.Tensor]:
+    h, w = settings.shape
+    return [torch.randint(0, 256, (3, h, w), generator=generator, dtype=torch.uint8)
+            for _ in range(settings.batch_size)]
+
+
+def det_batch(model: nn.Module, settings: BenchmarkSettings, boxes_per_image: int = 8) -> dict:
+    """Images with random boxes (and masks when the detector has a mask head) as mmdet's loaders give them."""
+    from mmdet.testing import demo_mm_inputs
+    h, w = settings.shape
+    with_mask = bool(getattr(model, 'with_mask', False))
+    return demo_mm_inputs(settings.batch_size, image_shapes=[(3, h, w)] * settings.batch_size,
+                          num_items=[boxes_per_image] * settings.batch_size,
+                          num_classes=_num_classes(model, 80), with_mask=with_mask)
+
+
+def seg_batch(model: nn.Module, settings: BenchmarkSettings, generator: torch.Generator) -> dict:
+    """Images with random label maps, as mmseg's loaders give them."""
+    from mmengine.structures import PixelData
+    from mmseg.structures import SegDataSample
+    h, w = settings.shape
+    num_classes = _num_classes(model, 19)
+    samples = []
+    for _ in range(settings.batch_size):
+        sample = SegDataSample(metainfo=dict(img_shape=(h, w), ori_shape=(h, w), pad_shape=(h, w),
+                                             scale_factor=(1.0, 1.0), flip=False))
+        labels = torch.randint(0, num_classes, (1, h, w), generator=generator)
+        sample.gt_sem_seg = PixelData(data=labels)
+        samples.append(sample)
+    return dict(inputs=_images(settings, generator), data_samples=samples)
+
+
+def cls_batch(model: nn.Module, settings: BenchmarkSettings, generator: torch.Generator) -> dict:
+    """Images with random labels, as mmpretrain's loaders give them."""
+    from mmpretrain.structures import DataSample
+    num_classes = _num_classes(model, 1000)
+    samples = [DataSample().set_gt_label(int(torch.randint(0, num_classes, (1, ), generator=generator)))
+               for _ in range(settings.batch_size)]
+    return dict(inputs=_images(settings, generator), data_samples=samples)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# One pass of inference or training
+
+
+def _loss_of_outputs(outputs: Any) -> torch.Tensor:
+    """A scalar that depends on every output of a backbone (tensor, tuple/list or dict of tensors)."""
+    if isinstance(outputs, torch.Tensor):
+        return outputs.float().mean()
+    if isinstance(outputs, dict):
+        outputs = list(outputs.values())
+    if isinstance(outputs, (list, tuple)) and outputs:
+        return sum(_loss_of_outputs(o) for o in outputs)
+    raise BenchmarkError(f'Cannot train on backbone outputs of type {type(outputs).__name__}.')
+
+
+def _build_optimizer(model: nn.Module, optim: Optional[dict]) -> Tuple[torch.optim.Optimizer, Optional[dict]]:
+    """The config's optimizer (with its paramwise settings) or AdamW; and its gradient clipping."""
+    if not optim:
+        return torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.05), None
+    from mmengine.optim import build_optim_wrapper
+    # the loss scaling of an AmpOptimWrapper is done here by --dtype, so build the plain wrapper
+    cfg = {k: v for k, v in optim.items() if k not in ('loss_scale', 'dtype', 'use_fsdp')}
+    cfg['type'] = 'OptimWrapper'
+    with _quiet_logs():
+        wrapper = build_optim_wrapper(model, cfg)
+    return wrapper.optimizer, cfg.get('clip_grad')
+
+
+class Workload:
+    """A built model on its device with a synthetic batch; :meth:`infer` and :meth:`train_step` run one pass.
+
+    Weights stay float32; ``bf16`` / ``fp16`` run the passes under autocast.
+    """
+
+    def __init__(self, spec: ModelSpec, settings: BenchmarkSettings):
+        self.spec, self.settings = spec, settings
+        resolved = resolve(spec, settings.with_cp, settings.shape)
+        torch.manual_seed(settings.seed)
+        self.model = build_model(resolved, spec.label).to(settings.device)
+        self.kind = 'backbone' if resolved.is_backbone else model_kind(self.model)
+        if self.kind == 'backbone' and not resolved.is_backbone:
+            raise BenchmarkError(f'{spec.label}: no synthetic batch is known for a {type(self.model).__name__}; '
+                                 'benchmark its backbone with --backbone-only.')
+        self.backbone = self.model if self.kind == 'backbone' else getattr(self.model, 'backbone', None)
+        generator = torch.Generator().manual_seed(settings.seed)
+        if self.kind == 'backbone':
+            channels = getattr(self.model, 'in_channels', 3)
+            channels = channels if isinstance(channels, int) else 3
+            self.batch = torch.randn(settings.batch_size, channels, *settings.shape, generator=generator)
+            self.batch = self.batch.to(settings.device)
+        elif self.kind == 'det':
+            self.batch = det_batch(self.model, settings)
+        elif self.kind == 'seg':
+            self.batch = seg_batch(self.model, settings, generator)
+        else:
+            self.batch = cls_batch(self.model, settings, generator)
+        self.optimizer, self.clip_grad = _build_optimizer(self.model, resolved.optim)
+        self.scaler = torch.amp.GradScaler(self.device_type) if settings.dtype == 'fp16' else None
+
+    @property
+    def device_type(self) -> str:
+        return torch.device(self.settings.device).type
+
+    def autocast(self):
+        if self.settings.dtype == 'float32':
+            return contextlib.nullcontext()
+        return torch.autocast(self.device_type, dtype=DTYPES[self.settings.dtype])
+
+    @property
+    def with_cp(self) -> Optional[bool]:
+        """Whether the backbone checkpoints activations (families keep the switch on the backbone or its stages);
+        None when it has no such switch."""
+        if self.backbone is None:
+            return None
+        values = [bool(m.with_cp) for m in self.backbone.modules() if hasattr(m, 'with_cp')]
+        return any(values) if values else None
+
+    def parameters(self) -> Dict[str, int]:
+        counts = {'total': sum(p.numel() for p in self.model.parameters())}
+        if self.backbone is not None and self.backbone is not self.model:
+            counts['backbone'] = sum(p.numel() for p in self.backbone.parameters())
+        return counts
+
+    def describe(self) -> dict:
+        """What was built: kind, class names, whether the backbone checkpoints, parameter counts."""
+        return dict(kind=self.kind, type=type(self.model).__name__,
+                    backbone=type(self.backbone).__name__ if self.backbone is not None else None,
+                    with_cp=self.with_cp, params=self.parameters())
+
+    def infer(self) -> Any:
+        self.model.eval()
+        with torch.no_grad(), self.autocast():
+            if self.kind == 'backbone':
+                return self.model(self.batch)
+            return self.model.test_step(self.batch)
+
+    def train_step(self) -> torch.Tensor:
+        self.model.train()
+        with self.autocast():
+            if self.kind == 'backbone':
+                loss = _loss_of_outputs(self.model(self.batch))
+            else:
+                data = self.model.data_preprocessor(self.batch, True)
+                loss, _ = self.model.parse_losses(self.model(**data, mode='loss'))
+        if self.scaler is not None:
+            self.scaler.scale(loss).backward()
+            if self.clip_grad:
+                self.scaler.unscale_(self.optimizer)
+                self._clip()
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            loss.backward()
+            if self.clip_grad:
+                self._clip()
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    def _clip(self) -> None:
+        """Gradient clipping as mmengine's OptimWrapper reads ``clip_grad`` (type 'norm', the default, or 'value')."""
+        kwargs = dict(self.clip_grad)
+        clip = nn.utils.clip_grad_value_ if kwargs.pop('type', 'norm') == 'value' else nn.utils.clip_grad_norm_
+        clip([p for p in self.model.parameters() if p.grad is not None], **kwargs)
+
+    def run(self, mode: str) -> Any:
+        """One pass of ``mode`` ('inference' or 'train'); a dtype the model cannot run becomes a clear error."""
+        try:
+            return self.infer() if mode == 'inference' else self.train_step()
+        except RuntimeError as error:
+            if self.settings.dtype != 'float32' and any(s in str(error) for s in ('Half', 'BFloat16', 'dtype')):
+                raise BenchmarkError(f'{self.spec.label} cannot run {mode} in {self.settings.dtype} on '
+                                     f'{self.settings.device}: {error}. Use --dtype float32.') from None
+            raise
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Timing
+
+
+def summarize(times_ms: Sequence[float]) -> Dict[str, float]:
+    """Median, quartiles (inclusive method), interquartile range, mean, standard deviation, min and max."""
+    values = sorted(float(t) for t in times_ms)
+    if len(values) == 1:
+        q1 = q3 = values[0]
+    else:
+        q1, _, q3 = statistics.quantiles(values, n=4, method='inclusive')
+    return dict(median=statistics.median(values), q1=q1, q3=q3, iqr=q3 - q1, mean=statistics.fmean(values),
+                std=statistics.stdev(values) if len(values) > 1 else 0.0, min=values[0], max=values[-1],
+                n=len(values))
+
+
+def _synchronize(device: str) -> None:
+    if torch.device(device).type == 'cuda':
+        torch.cuda.synchronize(device)
+
+
+def time_passes(workload: Workload, mode: str) -> dict:
+    """``warmup`` untimed then ``repeats`` timed passes of ``mode``; times in ms and throughput in images/s."""
+    settings = workload.settings
+    for _ in range(settings.warmup):
+        workload.run(mode)
+    times = []
+    for _ in range(settings.repeats):
+        _synchronize(settings.device)
+        start = time.perf_counter()
+        workload.run(mode)
+        _synchronize(settings.device)
+        times.append((time.perf_counter() - start) * 1e3)
+    stats = summarize(times)
+    return dict(time_ms=stats, throughput=settings.batch_size / (stats['median'] / 1e3),
+                times_ms=[round(t, 3) for t in times])
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Peak memory
+
+
+def _proc_status_kib(field_name: str) -> int:
+    with open('/proc/self/status') as f:
+        for line in f:
+            if line.startswith(field_name + ':'):
+                return int(line.split()[1])
+    raise BenchmarkError(f'/proc/self/status has no {field_name}; CPU peak memory needs Linux.')
+
+
+def _reset_rss_peak() -> bool:
+    """Set VmHWM to the current RSS (Linux >= 4.0); False where the kernel does not allow it."""
+    try:
+        with open('/proc/self/clear_refs', 'w') as f:
+            f.write('5')
+        return True
+    except OSError:
+        return False
+
+
+def _cuda_peak(workload: Workload, mode: str) -> dict:
+    device = workload.settings.device
+    gc.collect()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats(device)
+    baseline = torch.cuda.memory_allocated(device)
+    for _ in range(workload.settings.memory_steps):
+        workload.run(mode)
+    torch.cuda.synchronize(device)
+    peak = torch.cuda.max_memory_allocated(device)
+    return dict(method='cuda max_memory_allocated', peak_mib=peak / _MIB, baseline_mib=baseline / _MIB,
+                step_peak_mib=(peak - baseline) / _MIB,
+                reserved_peak_mib=torch.cuda.max_memory_reserved(device) / _MIB, steps=workload.settings.memory_steps)
+
+
+def _rss_peak(workload: Workload, mode: str) -> dict:
+    gc.collect()
+    baseline = _proc_status_kib('VmRSS')
+    reset = _reset_rss_peak()
+    for _ in range(workload.settings.memory_steps):
+        workload.run(mode)
+    peak = _proc_status_kib('VmHWM')
+    return dict(method='process RSS high-water mark (VmHWM), fresh subprocess', peak_mib=peak / 1024,
+                baseline_mib=baseline / 1024, step_peak_mib=(peak - baseline) / 1024, hwm_reset=reset,
+                steps=workload.settings.memory_steps, model=workload.describe())
+
+
+def memory_worker() -> None:
+    """Entry point of the CPU memory subprocess: reads {spec, settings, mode} as JSON on stdin, prints the
+    result after :data:`_RESULT_MARK`."""
+    request = json.loads(sys.stdin.read())
+    settings = BenchmarkSettings(**request['settings'])
+    if settings.threads:
+        torch.set_num_threads(settings.threads)
+    try:
+        workload = Workload(ModelSpec(**request['spec']), settings)
+        result = _rss_peak(workload, request['mode'])
+    except BenchmarkError as error:
+        result = dict(error=str(error))
+    print(_RESULT_MARK + json.dumps(result), flush=True)
+
+
+def measure_memory(spec: ModelSpec, settings: BenchmarkSettings, mode: str,
+                   workload: Optional[Workload] = None) -> dict:
+    """Peak memory of ``memory_steps`` passes of ``mode``: in this process on CUDA (reusing ``workload``), in a
+    fresh subprocess on CPU."""
+    if torch.device(settings.device).type == 'cuda':
+        return _cuda_peak(workload or Workload(spec, settings), mode)
+    if not osp.exists('/proc/self/status'):
+        raise BenchmarkError('CPU peak memory is read from /proc/self/status, which needs Linux; drop the '
+                             'memory measurements (--measure inference train).')
+    env = dict(os.environ)
+    # a fixed threshold (it also stops glibc from raising it dynamically) makes freed large blocks leave the RSS
+    env.setdefault('MALLOC_MMAP_THRESHOLD_', '65536')
+    package_root = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+    env['PYTHONPATH'] = os.pathsep.join(p for p in (package_root, env.get('PYTHONPATH')) if p)
+    if settings.threads:
+        env['OMP_NUM_THREADS'] = str(settings.threads)
+    request = json.dumps(dict(spec=asdict(spec), settings=asdict(settings), mode=mode))
+    proc = subprocess.run([sys.executable, '-c', 'from mmvisatt.analysis.benchmark import memory_worker; '
+                           'memory_worker()'], input=request, capture_output=True, text=True, env=env)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith(_RESULT_MARK)]
+    if proc.returncode != 0 or not lines:
+        tail = '\n'.join(proc.stderr.strip().splitlines()[-15:])
+        killed = ' (killed by a signal: out of memory? try a smaller --shape or --batch-size, or --with-cp)' \
+            if proc.returncode < 0 else ''
+        raise RuntimeError(f'The memory subprocess for {spec.label} ({mode}) failed with exit code '
+                           f'{proc.returncode}{killed}:\n{tail}')
+    result = json.loads(lines[-1][len(_RESULT_MARK):])
+    if 'error' in result:
+        raise BenchmarkError(result['error'])
+    return result
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The whole benchmark
+
+
+def machine_info(settings: BenchmarkSettings) -> dict:
+    """Where the numbers come from."""
+    info = dict(platform=platform.platform(), python=platform.python_version(), torch=torch.__version__,
+                device=settings.device, logical_cpus=os.cpu_count(), torch_threads=torch.get_num_threads())
+    try:
+        with open('/proc/cpuinfo') as f:
+            names = [line.split(':', 1)[1].strip() for line in f if line.startswith('model name')]
+        info['cpu'] = names[0] if names else platform.processor()
+        info['memory_gib'] = round(_meminfo_kib('MemTotal') / 2 ** 20, 1)
+    except OSError:
+        info['cpu'] = platform.processor()
+    if torch.device(settings.device).type == 'cuda':
+        info['gpu'] = torch.cuda.get_device_name(settings.device)
+    return info
+
+
+def _meminfo_kib(name: str) -> int:
+    with open('/proc/meminfo') as f:
+        for line in f:
+            if line.startswith(name + ':'):
+                return int(line.split()[1])
+    return 0
+
+
+def benchmark_model(spec: ModelSpec, settings: BenchmarkSettings,
+                    measure: Sequence[str] = MEASUREMENTS) -> dict:
+    """Every measurement of ``measure`` for one model; see the module docstring for what each one is."""
+    unknown = set(measure) - set(MEASUREMENTS)
+    if unknown:
+        raise BenchmarkError(f'Unknown measurement(s) {sorted(unknown)}; choose from {list(MEASUREMENTS)}.')
+    result = dict(name=spec.label, spec=asdict(spec))
+    timed = [mode for mode in ('inference', 'train') if mode in measure]
+    # on CPU the memory runs in subprocesses, so memory alone needs no model in this process
+    workload = None
+    if timed or torch.device(settings.device).type == 'cuda':
+        workload = Workload(spec, settings)
+        result.update(workload.describe())
+    for mode in timed:
+        result[mode] = time_passes(workload, mode)
+    memory = {}
+    for mode in ('inference', 'train'):
+        if f'{mode}-memory' in measure:
+            memory[mode] = measure_memory(spec, settings, mode, workload)
+            for key, value in memory[mode].pop('model', {}).items():
+                result.setdefault(key, value)
+    if memory:
+        result['memory'] = memory
+    del workload
+    gc.collect()
+    return result
+
+
+# (table label, path into a model result)
+METRICS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
+    ('params (M)', ('params', 'total')),
+    ('inference latency (ms, median)', ('inference', 'time_ms', 'median')),
+    ('inference throughput (img/s)', ('inference', 'throughput')),
+    ('train step (ms, median)', ('train', 'time_ms', 'median')),
+    ('train throughput (img/s)', ('train', 'throughput')),
+    ('inference peak (MiB)', ('memory', 'inference', 'peak_mib')),
+    ('inference step peak (MiB)', ('memory', 'inference', 'step_peak_mib')),
+    ('train peak (MiB)', ('memory', 'train', 'peak_mib')),
+    ('train step peak (MiB)', ('memory', 'train', 'step_peak_mib')),
+)
+
+
+def _get(result: dict, path: Sequence[str]) -> Optional[float]:
+    node: Any = result
+    for key in path:
+        if not isinstance(node, dict) or key not in node:
+            return None
+        node = node[key]
+    return node
+
+
+def compare_results(first: dict, second: dict) -> Dict[str, float]:
+    """second / first for every metric both results have (e.g. 1.3 = the second takes 30% more)."""
+    ratios = {}
+    for label, path in METRICS:
+        a, b = _get(first, path), _get(second, path)
+        if a is not None and b is not None and a != 0:
+            ratios['.'.join(path)] = b / a
+    return ratios
+
+
+def run_benchmark(specs: Sequence[ModelSpec], settings: BenchmarkSettings,
+                  measure: Sequence[str] = MEASUREMENTS, log: Optional[Callable[[str], None]] = None) -> dict:
+    """Benchmark one model, or two side by side (ratios second / first). Returns the JSON-ready report."""
+    if not 1 <= len(specs) <= 2:
+        raise BenchmarkError(f'Benchmark one model or compare two, got {len(specs)}.')
+    if settings.threads:
+        torch.set_num_threads(settings.threads)
+    report = dict(tool='mmvisatt benchmark', date=time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime()),
+                  machine=machine_info(settings), settings=asdict(settings), measure=list(measure), models=[])
+    for spec in specs:
+        if log:
+            log(f'benchmarking {spec.label} ...')
+        report['models'].append(benchmark_model(spec, settings, measure))
+    if len(specs) == 2:
+        report['ratios'] = compare_results(*report['models'])
+    return report
+
+
+def _cell(result: dict, path: Sequence[str]) -> str:
+    value = _get(result, path)
+    if value is None:
+        return '-'
+    if path[0] == 'params':
+        return f'{value / 1e6:.2f}'
+    if path[-1] == 'median':
+        iqr = _get(result, list(path[:-1]) + ['iqr'])
+        return f'{value:.1f} ± {iqr / 2:.1f}'
+    return f'{value:.1f}'
+
+
+def format_report(report: dict) -> str:
+    """A readable table: one row per metric, one column per model, and the ratio column when comparing.
+    Medians come with half the interquartile range."""
+    models = report['models']
+    names = [m['name'] + (' +cp' if m.get('with_cp') else '') for m in models]
+    header = ['metric'] + names + (['ratio 2/1'] if len(models) == 2 else [])
+    rows = []
+    for label, path in METRICS:
+        cells = [_cell(m, path) for m in models]
+        if all(c == '-' for c in cells):
+            continue
+        if len(models) == 2:
+            ratio = report.get('ratios', {}).get('.'.join(path))
+            cells.append('-' if ratio is None else f'{ratio:.2f}x')
+        rows.append([label] + cells)
+    widths = [max(len(r[i]) for r in [header] + rows) for i in range(len(header))]
+    s = report['settings']
+    title = (f"{s['batch_size']} x {s['shape'][0]}x{s['shape'][1]}, {s['dtype']}, {s['device']}, "
+             f"{report['machine']['torch_threads']} threads")
+    if {'inference', 'train'} & set(report['measure']):
+        title += f", warm-up {s['warmup']}, {s['repeats']} timed repeats"
+    if {'inference-memory', 'train-memory'} & set(report['measure']):
+        title += f", peak memory of {s['memory_steps']} passes"
+    lines = [title,
+             '  '.join(h.ljust(w) if i == 0 else h.rjust(w) for i, (h, w) in enumerate(zip(header, widths))),
+             '  '.join('-' * w for w in widths)]
+    for row in rows:
+        lines.append('  '.join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))))
+    return '\n'.join(lines)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Command line (tools/analysis/benchmark.py)
+
+CLI_EXAMPLES = """examples:
+  python tools/analysis/benchmark.py --backbone RMT --arch t --shape 800 1216
+  python tools/analysis/benchmark.py --backbone reswin_t --compare mmdet.SwinTransformer --dtype bf16
+  python tools/analysis/benchmark.py configs/mask_rcnn_reswin_t_1x.py --shape 800 1216 --batch-size 2 \\
+      --measure train-memory --with-cp --out work_dirs/bench.json
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        description='Inference latency / throughput, training step time and peak memory of a backbone or a whole '
+        'config on a synthetic batch; optionally side by side with a second model (ratios second / first).',
+        epilog=CLI_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument('config', nargs='?', help='config file: its whole model is benchmarked (or only '
+                        'model.backbone with --backbone-only); give either this or --backbone')
+    parser.add_argument('--backbone', help="backbone type (RMT, ShuntedTransformer, FAN, mmdet.SwinTransformer) or "
+                        "preset of configs/_base_/backbones (reswin_t)")
+    parser.add_argument('--arch', help="arch of the backbone: a preset name (t, s, hybrid_t) or a Python dict "
+                        "literal, e.g. \"{'embed_dims': 32, 'depths': (1, 1, 1, 1), ...}\"")
+    parser.add_argument('--backbone-only', action='store_true', help='benchmark only model.backbone of CONFIG')
+    parser.add_argument('--backbone-options', nargs='+', action=DictAction, default={}, metavar='KEY=VALUE',
+                        help='override backbone arguments (both models), e.g. drop_path_rate=0.2')
+    parser.add_argument('--cfg-options', nargs='+', action=DictAction, default={}, metavar='KEY=VALUE',
+                        help='override settings of CONFIG (and of a compared config)')
+    parser.add_argument('--compare', metavar='SPEC', help="second model, benchmarked in the same process: "
+                        "'Type[:arch]' (mmdet.SwinTransformer, RMT:s), a preset (reswin_t) or a config file")
+    parser.add_argument('--shape', type=int, nargs='+', default=[224], metavar='N',
+                        help='input height and width (one number for a square input; default 224)')
+    parser.add_argument('--batch-size', type=int, default=1)
+    parser.add_argument('--dtype', default='float32', choices=sorted(DTYPES) + sorted(DTYPE_ALIASES),
+                        help='float32, or autocast mixed precision bf16 / fp16 (weights stay float32)')
+    parser.add_argument('--device', default='cpu', help='cpu or cuda[:N]')
+    parser.add_argument('--with-cp', action=argparse.BooleanOptionalAction, default=None,
+                        help="activation checkpointing of the backbone on (--with-cp) or off (--no-with-cp); "
+                        "default: the model's own setting")
+    parser.add_argument('--measure', nargs='+', choices=MEASUREMENTS, default=list(MEASUREMENTS),
+                        help='what to measure (default: all)')
+    parser.add_argument('--warmup', type=int, default=3, help='untimed passes before timing (default 3)')
+    parser.add_argument('--repeats', type=int, default=10, help='timed passes (default 10)')
+    parser.add_argument('--memory-steps', type=int, default=2,
+                        help='passes per memory measurement (default 2: the second training step holds the '
+                        'optimizer state the first one creates)')
+    parser.add_argument('--threads', type=int, help='torch CPU threads (default: OMP_NUM_THREADS / all cores)')
+    parser.add_argument('--seed', type=int, default=0)
+    parser.add_argument('--config-dir', default=CONFIG_DIR, help='where backbone presets are looked up')
+    parser.add_argument('--out', metavar='FILE.json', help='write the report as JSON')
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> dict:
+    """Parse the command line, benchmark, print the table and write ``--out``; returns the report."""
+    args = build_parser().parse_args(argv)
+    if bool(args.config) == bool(args.backbone):
+        raise BenchmarkError('Give either a CONFIG file or --backbone NAME (not both, not neither).')
+    if args.backbone_only and not args.config:
+        raise BenchmarkError('--backbone-only needs a CONFIG file.')
+    common = dict(options=dict(args.backbone_options), cfg_options=dict(args.cfg_options),
+                  config_dir=args.config_dir)
+    if args.config:
+        first = ModelSpec(args.config, arch=parse_arch(args.arch), backbone_only=args.backbone_only, **common)
+    else:
+        first = parse_spec(args.backbone, arch=parse_arch(args.arch), **common)
+    specs = [first]
+    if args.compare:
+        specs.append(parse_spec(args.compare, **common))
+    shape = args.shape * 2 if len(args.shape) == 1 else args.shape
+    settings = BenchmarkSettings(shape=tuple(shape), batch_size=args.batch_size, dtype=args.dtype,
+                                 device=args.device, with_cp=args.with_cp, warmup=args.warmup,
+                                 repeats=args.repeats, memory_steps=args.memory_steps, threads=args.threads,
+                                 seed=args.seed)
+    report = run_benchmark(specs, settings, args.measure, log=lambda msg: print(msg, flush=True))
+    print(format_report(report))
+    if args.out:
+        os.makedirs(osp.dirname(osp.abspath(args.out)), exist_ok=True)
+        with open(args.out, 'w') as f:
+            json.dump(report, f, indent=2)
+        print(f'wrote {args.out}')
+    return report
+
+
+def cli(argv: Optional[Sequence[str]] = None) -> None:
+    """:func:`main` with errors the user can fix reported as one line instead of a traceback."""
+    try:
+        main(argv)
+    except (BenchmarkError, FileNotFoundError) as error:
+        sys.exit(f'error: {error}')

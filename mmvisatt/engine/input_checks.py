@@ -1,0 +1,257 @@
+"""Bad input found early, with an error that names the problem and the fix.
+
+Complements :mod:`.checks` (missing dataset / pretrained checkpoint) and the backbones' own checks (input
+channels, minimum size, ``arch``, ``out_indices``):
+
+* :func:`check_cfg_options`: a ``--cfg-options`` key that does not exist but is close to one that does
+  (``train_cfg.max_iter``) is a typo, which mmengine would silently add as a new, unused key.
+* :func:`check_coco_annotations`: a COCO annotation file with no images, no annotations, or annotations of a
+  category the config's classes do not cover (mmdet fails with a bare ``KeyError: 7`` deep in dataset loading).
+* :func:`check_checkpoint_file`: a truncated ``load_from`` / ``--resume`` / ``Pretrained`` file.
+* :class:`ChannelCheckHook`: a neck whose ``in_channels`` differ from the backbone's outputs (otherwise a bare
+  convolution shape error at the first forward).
+* :func:`explain_image_error`: an image file OpenCV cannot decode (mmcv asserts ``failed to load image``).
+"""
+import difflib
+import json
+import os.path as osp
+import re
+from typing import Any, Dict, Iterable, List, Optional, Sequence
+
+import torch
+from mmengine.config import Config
+from mmengine.hooks import Hook
+from mmengine.model import is_model_wrapper
+from mmengine.registry import HOOKS
+
+from .checks import leaf_datasets
+from .reliability import checkpoint_problem
+
+# Annotation files above this size are left to the dataset: reading them twice would cost seconds of start-up and
+# gigabytes of memory, and the big public sets are known to be consistent. The check is for hand-made sets.
+MAX_CHECKED_ANN_BYTES = 64 * 2**20
+
+
+class ConfigKeyError(KeyError):
+    """A ``--cfg-options`` key is (almost certainly) misspelled."""
+
+    def __str__(self) -> str:  # KeyError would print the repr of the message
+        return str(self.args[0])
+
+
+class AnnotationError(ValueError):
+    """An annotation file cannot be used with the config."""
+
+
+class CorruptCheckpointError(RuntimeError):
+    """A checkpoint file is incomplete or corrupt."""
+
+
+class CorruptImageError(RuntimeError):
+    """An image of the dataset cannot be decoded."""
+
+
+def _children(node: Any) -> Optional[List[str]]:
+    if isinstance(node, (dict, Config)):
+        return [str(k) for k in node.keys()]
+    return None
+
+
+def check_cfg_options(cfg: Config, options: Optional[Dict[str, Any]], cutoff: float = 0.8) -> None:
+    """Raise :class:`ConfigKeyError` for ``options`` keys that miss the config by a typo.
+
+    A key is followed down the config as far as it exists. Where it leaves the config, the missing part is
+    compared with the keys that exist at that level; a close match (``difflib`` ratio >= ``cutoff``) means a typo.
+    A new key with no close match is allowed (e.g. ``default_hooks.trace.type=TrainingTraceHook`` adds a hook).
+    """
+    problems = []
+    for key in options or {}:
+        node: Any = cfg
+        parts = key.split('.')
+        for depth, part in enumerate(parts):
+            if isinstance(node, (list, tuple)) and part.isdigit():
+                if int(part) >= len(node):
+                    problems.append(f'{key}: {".".join(parts[:depth]) or "the config"} has only {len(node)} '
+                                    f'entries (index {part})')
+                    break
+                node = node[int(part)]
+                continue
+            siblings = _children(node)
+            if siblings is None or part in siblings:
+                if siblings is None:
+                    break  # below a value (e.g. a list replaced whole): mmengine decides
+                node = node[part]
+                continue
+            close = difflib.get_close_matches(part, [s for s in siblings if not s.startswith('_')], n=3,
+                                              cutoff=cutoff)
+            if close:
+                prefix = '.'.join(parts[:depth])
+                names = ', '.join((f'{prefix}.{c}' if prefix else c) for c in close)
+                problems.append(f'{key}: no key {part!r} there; did you mean {names}?')
+            break
+    if problems:
+        raise ConfigKeyError('--cfg-options: unknown key(s), probably misspelled:\n  ' + '\n  '.join(problems) +
+                             '\n(A genuinely new key with a name this close to an existing one: put it in a config '
+                             'that inherits from this one.)')
+
+
+def _ann_file(dataset: dict) -> Optional[str]:
+    ann = dataset.get('ann_file')
+    if not ann:
+        return None
+    root = dataset.get('data_root')
+    return ann if root is None or osp.isabs(ann) else osp.join(root, ann)
+
+
+def check_coco_annotations(path: str, classes: Optional[Sequence[str]] = None, train: bool = True) -> None:
+    """Raise :class:`AnnotationError` if the COCO file at ``path`` has no images, (for training) no annotations,
+    annotations whose ``category_id`` is not among its ``categories``, or categories outside ``classes``
+    (mmdet maps every annotation to one of the config's classes)."""
+    with open(path) as f:
+        try:
+            data = json.load(f)
+        except json.JSONDecodeError as error:
+            raise AnnotationError(f'{path} is not valid JSON ({error}); re-export or re-download it.') from None
+    missing = [k for k in ('images', 'annotations', 'categories') if k not in data]
+    if missing:
+        raise AnnotationError(f'{path} is not a COCO instances file: it has no {missing} (it needs "images", '
+                              f'"annotations" and "categories" lists).')
+    if not data['images']:
+        raise AnnotationError(f'{path} lists no images; point ann_file at the right split or add the images.')
+    if train and not data['annotations']:
+        raise AnnotationError(f'{path} has images but no annotations: a detector cannot be trained on it (every '
+                              f'image would be filtered out as empty). Check that you exported the instances file.')
+    names = {c['id']: c.get('name') for c in data['categories']}
+    counts: Dict[Any, int] = {}
+    for ann in data['annotations']:
+        cat = ann.get('category_id')
+        if cat not in names:
+            counts[cat] = counts.get(cat, 0) + 1
+    if counts:
+        listed = ', '.join(f'{c} ({n} annotations)' for c, n in sorted(counts.items(), key=lambda x: str(x[0])))
+        raise AnnotationError(f'{path}: annotations use category_id {listed}, which "categories" does not define '
+                              f'(defined: {sorted(names.items())}). Add the categories or drop those annotations.')
+    if classes is not None:
+        used = {names[a['category_id']] for a in data['annotations']}
+        extra = sorted(str(n) for n in used - set(classes))
+        if extra:
+            raise AnnotationError(
+                f'{path}: annotations of categories {extra} are not among the config\'s classes {tuple(classes)}. '
+                f'Set train_dataloader.dataset.metainfo.classes (and the heads\' num_classes) to cover them, or '
+                f'remove those annotations.')
+
+
+def check_annotations(cfg: Config, loaders: Iterable[str] = ('train_dataloader',)) -> None:
+    """:func:`check_coco_annotations` for each ``CocoDataset`` of ``loaders`` whose file is small enough."""
+    for name in loaders:
+        for dataset in leaf_datasets((cfg.get(name) or {}).get('dataset')):
+            path = _ann_file(dataset)
+            if dataset.get('type') not in ('CocoDataset', 'mmdet.CocoDataset') or not path or not osp.isfile(path):
+                continue
+            if osp.getsize(path) <= MAX_CHECKED_ANN_BYTES:
+                classes = (dataset.get('metainfo') or {}).get('classes')
+                check_coco_annotations(path, classes, train=name == 'train_dataloader')
+
+
+def check_checkpoint_file(path: Optional[str], what: str, fix: str, zip_only: bool = False) -> None:
+    """Raise :class:`CorruptCheckpointError` if the local checkpoint ``path`` is incomplete.
+
+    Zip-format files (``torch.save`` since torch 1.6) are checked fully. Files in the legacy pickle format cannot be
+    checked without loading them and pass; so does anything else when ``zip_only`` (foreign files, e.g. an official
+    release, are then left to the loader).
+    """
+    if not path or '://' in path or not osp.isfile(path):
+        return
+    with open(path, 'rb') as f:
+        head = f.read(4)
+    if head[:1] == b'\x80' or (zip_only and head != b'PK\x03\x04'):
+        return
+    problem = checkpoint_problem(path)
+    if problem is not None:
+        raise CorruptCheckpointError(f'{what} {path} is {problem}. {fix}')
+
+
+def _channel_list(value: Any) -> Optional[List[int]]:
+    if isinstance(value, int):
+        return [value]
+    if isinstance(value, (list, tuple)) and all(isinstance(v, int) for v in value):
+        return list(value)
+    return None
+
+
+def _path_in_config(model: torch.nn.Module, module: torch.nn.Module) -> str:
+    for name, child in model.named_children():
+        if child is module:
+            return f'model.{name}'
+    return 'model.neck'
+
+
+@HOOKS.register_module()
+class ChannelCheckHook(Hook):
+    """At the first forward, check that the neck's ``in_channels`` are what the backbone outputs.
+
+    Raises a ``ValueError`` naming both channel lists and the config key to change instead of the convolution
+    shape error mmdet/mmseg would give. Models without a ``backbone`` and a ``neck`` with ``in_channels`` are left
+    alone. ``tools/train.py`` / ``tools/test.py`` add it.
+    """
+
+    priority = 'VERY_HIGH'
+
+    def __init__(self) -> None:
+        self._handle = None
+
+    def _install(self, runner) -> None:
+        if self._handle is not None:
+            return
+        model = runner.model.module if is_model_wrapper(runner.model) else runner.model
+        backbone, neck = getattr(model, 'backbone', None), getattr(model, 'neck', None)
+        if isinstance(neck, (list, torch.nn.Sequential)) or neck is None or backbone is None:
+            return
+        expected = _channel_list(getattr(neck, 'in_channels', None))
+        if expected is None:
+            return
+        key = _path_in_config(model, neck) + '.in_channels'
+
+        def check(module, args, output):
+            self._handle.remove()
+            outs = output if isinstance(output, (list, tuple)) else [output]
+            got = [o.shape[1] for o in outs if isinstance(o, torch.Tensor) and o.dim() >= 2]
+            if got != expected:
+                indices = getattr(backbone, 'out_indices', None)
+                which = f' (out_indices={tuple(indices)})' if indices is not None else ''
+                raise ValueError(
+                    f'{key}={expected} does not match the backbone: {type(backbone).__name__}{which} outputs '
+                    f'{len(got)} feature maps with channels {got}. Set {key}={got} (or change the backbone\'s '
+                    f'arch / out_indices).')
+
+        self._handle = backbone.register_forward_hook(check)
+
+    def before_train(self, runner) -> None:
+        self._install(runner)
+
+    def before_val(self, runner) -> None:
+        self._install(runner)
+
+    def before_test(self, runner) -> None:
+        self._install(runner)
+
+
+_FAILED_IMAGE = re.compile(r'failed to load image: (\S+)')
+
+
+def explain_image_error(error: BaseException) -> Optional[CorruptImageError]:
+    """A :class:`CorruptImageError` for mmcv's ``failed to load image: PATH`` assertion (also when re-raised from a
+    dataloader worker), else None."""
+    match = _FAILED_IMAGE.search(str(error))
+    if not isinstance(error, AssertionError) or match is None:
+        return None
+    path = match.group(1).rstrip("'\"")
+    return CorruptImageError(
+        f'Image {path} cannot be decoded: the file is corrupt, truncated to nothing, or not an image. Replace it '
+        f'(re-download or re-encode), or remove it from the annotation file. Grayscale and RGBA images are fine: '
+        f'they are converted to 3-channel colour on loading.')
+
+
+__all__ = ['ConfigKeyError', 'AnnotationError', 'CorruptCheckpointError', 'CorruptImageError', 'check_cfg_options',
+           'check_coco_annotations', 'check_annotations', 'check_checkpoint_file', 'ChannelCheckHook',
+           'explain_image_error', 'MAX_CHECKED_ANN_BYTES']

@@ -1,0 +1,410 @@
+"""Training that survives being killed: atomic checkpoints, a ``--resume auto`` that skips incomplete files, and
+an exact resume (the random number generators continue where the checkpointed run left them).
+
+mmengine 0.10.7 writes a checkpoint in place (``open(path, 'wb')``) and deletes the checkpoints beyond
+``max_keep_ckpts`` *before* writing the new one, so a job killed while saving can be left with a truncated newest
+file, or with none at all; ``find_latest_checkpoint`` then resumes from whatever ``last_checkpoint`` names. Here:
+
+* :class:`AtomicLocalBackend` (registered as file backend ``'atomic_local'``) writes to a temporary file in the
+  same directory, fsyncs it and renames it over the target, so a file under a checkpoint's name is always complete.
+* :class:`AtomicCheckpointHook` is mmengine's ``CheckpointHook`` on that backend, deleting outdated checkpoints
+  only after the new one is on disk. ``tools/train.py`` swaps it in for ``CheckpointHook``
+  (:func:`enable_reliable_training`).
+* :func:`find_resumable_checkpoint` picks the newest *complete* checkpoint of a work dir for ``--resume auto``.
+* :class:`ExactResumeHook` stores every rank's RNG states in the checkpoint and puts them back at the exact point of
+  the resumed run where the interrupted run had them, so that a killed and resumed run ends with the same weights as
+  an uninterrupted one (bitwise on CPU with ``randomness=dict(seed=..., deterministic=True)`` and an
+  ``IterBasedTrainLoop``). mmengine restores everything else: weights, optimizer, schedulers, message hub, and for an
+  ``IterBasedTrainLoop`` the data position (it replays the dataloader up to the checkpointed iteration).
+* :class:`FaultInjectionHook` kills the process at a chosen iteration or in the middle of a checkpoint write, to
+  test all of the above.
+"""
+import contextlib
+import glob
+import os
+import os.path as osp
+import random
+import re
+import signal
+import tempfile
+import zipfile
+from typing import Any, Dict, List, Optional, Tuple, Union
+
+import numpy as np
+import torch
+from mmengine.config import Config, ConfigDict
+from mmengine.dist import all_gather_object, get_rank, get_world_size
+from mmengine.fileio import LocalBackend, register_backend
+from mmengine.hooks import CheckpointHook, Hook
+from mmengine.logging import print_log
+from mmengine.registry import HOOKS
+
+ATOMIC_BACKEND = 'atomic_local'
+# Temporary files are named ``.<target name>.<random>.partial`` next to their target.
+PARTIAL_SUFFIX = '.partial'
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def atomic_write(data: bytes, path: str) -> None:
+    """Write ``data`` to ``path`` so that ``path`` holds either its old content or all of ``data``, never a part.
+
+    The bytes go to a temporary file in the same directory (a rename is atomic only within a file system), which is
+    flushed and fsynced before it is renamed over ``path``; the directory is fsynced too so that the rename itself
+    survives a power cut. A crash leaves at most a ``*.partial`` file behind, which nothing reads.
+    """
+    directory = osp.dirname(osp.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f'.{osp.basename(path)}.', suffix=PARTIAL_SUFFIX, dir=directory)
+    try:
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600 files; give the permissions open() would
+        with os.fdopen(fd, 'wb') as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if osp.exists(tmp):
+            os.remove(tmp)
+        raise
+    dir_fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+class AtomicLocalBackend(LocalBackend):
+    """mmengine's local file backend with atomic :meth:`put` / :meth:`put_text` (see :func:`atomic_write`).
+
+    Select it with ``backend_args=dict(backend='atomic_local')`` wherever mmengine takes ``backend_args``.
+    """
+
+    def put(self, obj: bytes, filepath: Union[str, os.PathLike]) -> None:
+        atomic_write(obj, str(filepath))
+
+    def put_text(self, obj: str, filepath: Union[str, os.PathLike], encoding: str = 'utf-8') -> None:
+        atomic_write(obj.encode(encoding), str(filepath))
+
+
+register_backend(ATOMIC_BACKEND, AtomicLocalBackend, force=True)
+
+
+class _DeferredRemoval:
+    """A file backend stand-in that queues ``remove`` / ``rmtree`` until :meth:`flush`."""
+
+    def __init__(self, backend: Any) -> None:
+        self._backend = backend
+        self._pending: List[Tuple[str, str]] = []
+
+    def remove(self, path: str) -> None:
+        self._pending.append(('remove', path))
+
+    def rmtree(self, path: str) -> None:
+        self._pending.append(('rmtree', path))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._backend, name)
+
+    def flush(self) -> None:
+        for method, path in self._pending:
+            getattr(self._backend, method)(path)
+        self._pending.clear()
+
+
+@HOOKS.register_module()
+class AtomicCheckpointHook(CheckpointHook):
+    """``CheckpointHook`` whose checkpoints are written atomically, deleting outdated ones only afterwards.
+
+    Takes every argument of mmengine's ``CheckpointHook``. Local paths (the default, or
+    ``backend_args=dict(backend='local')``) use :class:`AtomicLocalBackend`; another backend (e.g. a cloud store)
+    is used as given, since its atomicity is its own. ``last_checkpoint`` is rewritten atomically after the
+    checkpoint it names is complete.
+    """
+
+    def __init__(self, *args, backend_args: Optional[dict] = None, file_client_args: Optional[dict] = None,
+                 **kwargs) -> None:
+        if file_client_args is None and (backend_args is None or backend_args.get('backend') == 'local'):
+            backend_args = dict(backend_args or {}, backend=ATOMIC_BACKEND)
+        super().__init__(*args, backend_args=backend_args, file_client_args=file_client_args, **kwargs)
+
+    def before_train(self, runner) -> None:
+        super().before_train(runner)
+        if runner.rank == 0 and isinstance(self.file_backend, LocalBackend):
+            # left by a process that died while writing; their targets were never replaced
+            for partial in glob.glob(osp.join(glob.escape(self.out_dir), f'.*{PARTIAL_SUFFIX}')):
+                print_log(f'removing {partial}, an unfinished checkpoint write', logger='current')
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(partial)
+
+    def _save_checkpoint_with_step(self, runner, step, meta):
+        backend = self.file_backend
+        self.file_backend = _DeferredRemoval(backend)
+        try:
+            super()._save_checkpoint_with_step(runner, step, meta)
+            deferred = self.file_backend
+        finally:
+            self.file_backend = backend
+        last = osp.join(runner.work_dir, 'last_checkpoint')
+        if runner.rank == 0 and osp.isfile(last) and isinstance(self.last_ckpt, str):
+            # mmengine wrote it in place; make it durable too before anything old is deleted
+            atomic_write(self.last_ckpt.encode(), last)
+        deferred.flush()
+
+
+def checkpoint_problem(path: str) -> Optional[str]:
+    """Why ``path`` is not a complete ``torch.save`` checkpoint, or None if it is.
+
+    ``torch.save`` writes a zip archive whose directory is at the end of the file, so a truncated file has none;
+    every member's CRC is checked as well, which catches a file whose middle was not written.
+    """
+    if not osp.isfile(path):
+        return 'missing'
+    if osp.getsize(path) == 0:
+        return 'empty (0 bytes)'
+    try:
+        with zipfile.ZipFile(path) as archive:
+            if not any(name.endswith('data.pkl') for name in archive.namelist()):
+                return 'not a torch.save archive (no data.pkl)'
+            bad = archive.testzip()
+            if bad is not None:
+                return f'corrupt member {bad}'
+    except zipfile.BadZipFile as error:
+        return f'incomplete or corrupt ({error}; was the job killed while writing it?)'
+    return None
+
+
+def _step_of(path: str) -> int:
+    match = re.search(r'(\d+)\.pth$', osp.basename(path))
+    return int(match.group(1)) if match else -1
+
+
+def find_resumable_checkpoint(work_dir: str) -> Tuple[Optional[str], List[Tuple[str, str]]]:
+    """The newest complete checkpoint in ``work_dir`` and the newer ones that were skipped, with the reason.
+
+    Candidates are the file ``last_checkpoint`` names and every ``epoch_*.pth`` / ``iter_*.pth``, newest first
+    (by the number in the name, then by modification time); the first complete one wins.
+    """
+    candidates = glob.glob(osp.join(work_dir, 'epoch_*.pth')) + glob.glob(osp.join(work_dir, 'iter_*.pth'))
+    last_file = osp.join(work_dir, 'last_checkpoint')
+    if osp.isfile(last_file):
+        with open(last_file) as f:
+            named = f.read().strip()
+        if named and named not in candidates and osp.isfile(named):
+            candidates.append(named)
+    candidates.sort(key=lambda p: (_step_of(p), osp.getmtime(p)), reverse=True)
+    skipped = []
+    for path in candidates:
+        problem = checkpoint_problem(path)
+        if problem is None:
+            return path, skipped
+        skipped.append((path, problem))
+    return None, skipped
+
+
+def resolve_auto_resume(cfg: Config) -> Config:
+    """``--resume auto``: resume from :func:`find_resumable_checkpoint` of ``cfg.work_dir``, or start afresh."""
+    found, skipped = find_resumable_checkpoint(cfg.work_dir)
+    for path, problem in skipped:
+        print_log(f'--resume: skipping {path}: {problem}', logger='current', level=30)
+    if found is None:
+        print_log(f'--resume: no complete checkpoint in {cfg.work_dir}; training from the start', logger='current')
+        # resume=True without a path makes mmengine read last_checkpoint, harmless only when there is none
+        cfg.resume = not osp.exists(osp.join(cfg.work_dir, 'last_checkpoint'))
+        cfg.load_from = None
+    else:
+        print_log(f'--resume: resuming from {found}', logger='current')
+        cfg.resume, cfg.load_from = True, found
+    return cfg
+
+
+def enable_reliable_training(cfg: Config) -> Config:
+    """What ``tools/train.py`` adds to every training config: atomic checkpoints (``CheckpointHook`` ->
+    :class:`AtomicCheckpointHook`), :class:`ExactResumeHook` and :class:`~.input_checks.ChannelCheckHook`, unless
+    the config already has them."""
+    checkpoint = (cfg.get('default_hooks') or {}).get('checkpoint')
+    if isinstance(checkpoint, dict) and checkpoint.get('type') in ('CheckpointHook', 'mmengine.CheckpointHook'):
+        checkpoint['type'] = 'AtomicCheckpointHook'
+    return add_custom_hooks(cfg, 'ExactResumeHook', 'ChannelCheckHook')
+
+
+def add_custom_hooks(cfg: Config, *types: str) -> Config:
+    """Append ``dict(type=T)`` to ``cfg.custom_hooks`` for each of ``types`` the config does not have yet."""
+    hooks = list(cfg.get('custom_hooks') or [])
+    present = {h.get('type') for h in hooks if isinstance(h, dict)}
+    hooks += [ConfigDict(type=t) for t in types if t not in present]
+    cfg.custom_hooks = hooks
+    return cfg
+
+
+def get_rng_states() -> Dict[str, Any]:
+    """This process's Python, numpy and torch RNG states, in types ``torch.load(weights_only=True)`` accepts."""
+    name, keys, pos, has_gauss, gauss = np.random.get_state()
+    states: Dict[str, Any] = dict(
+        python=random.getstate(),
+        numpy=dict(name=name, keys=torch.from_numpy(keys.astype(np.int64)), pos=int(pos), has_gauss=int(has_gauss),
+                   cached_gaussian=float(gauss)),
+        torch=torch.get_rng_state())
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        states['cuda'] = torch.cuda.get_rng_state_all()
+    return states
+
+
+def set_rng_states(states: Dict[str, Any]) -> None:
+    """Inverse of :func:`get_rng_states`."""
+    version, internal, gauss = states['python']
+    random.setstate((version, tuple(internal), gauss))
+    npy = states['numpy']
+    np.random.set_state((npy['name'], npy['keys'].numpy().astype(np.uint32), npy['pos'], npy['has_gauss'],
+                         npy['cached_gaussian']))
+    torch.set_rng_state(states['torch'])
+    if 'cuda' in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states['cuda'])
+
+
+class _RestoreAfter:
+    """Wraps a train loop's data iterator: after ``skip`` batches, restores the RNG states and unwraps itself."""
+
+    def __init__(self, loop: Any, skip: int, states: Dict[str, Any]) -> None:
+        self._loop, self._inner, self._left, self._states = loop, loop.dataloader_iterator, skip, states
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        batch = next(self._inner)
+        self._left -= 1
+        if self._left == 0:
+            set_rng_states(self._states)
+            self._loop.dataloader_iterator = self._inner
+        return batch
+
+
+def _checkpoint_due_after_iter(runner) -> bool:
+    for hook in runner.hooks:
+        if isinstance(hook, CheckpointHook) and not hook.by_epoch:
+            if (hook.interval > 0 and hook.every_n_train_iters(runner, hook.interval, hook.save_begin)) or \
+                    (hook.save_last and hook.is_last_train_iter(runner)):
+                return True
+    return False
+
+
+@HOOKS.register_module()
+class ExactResumeHook(Hook):
+    """Save every rank's RNG states in each checkpoint and restore them on resume, where they were taken.
+
+    States are gathered from all ranks right before a checkpoint is written (``after_train_iter`` /
+    ``after_train_epoch``, ahead of the checkpoint hook) and stored under ``checkpoint['rng_states']`` (a list
+    indexed by rank). On resume they are set again:
+
+    * ``IterBasedTrainLoop``: right after mmengine has replayed the dataloader up to the checkpointed iteration,
+      i.e. where the uninterrupted run stood when it saved (replaying consumes random numbers in data loading);
+    * ``EpochBasedTrainLoop``: at the start of the resumed epoch. mmengine resumes these loops at epoch boundaries
+      only; a checkpoint from the middle of an epoch (``CheckpointHook(by_epoch=False)``) restarts that epoch, so
+      that resume is not exact and a warning says so.
+
+    A checkpoint written with a different number of processes, or without states, resumes as before (with a
+    warning). ``load_from`` (weights only) never touches the RNGs.
+    """
+
+    priority = 'LOW'  # after the other hooks of an iteration, before CheckpointHook ('VERY_LOW')
+
+    def __init__(self) -> None:
+        self._captured: Optional[Tuple[int, List[Dict[str, Any]]]] = None
+        self._pending: Optional[Tuple[int, Any]] = None
+
+    def _capture(self, step: int) -> None:
+        self._captured = (step, all_gather_object(get_rng_states()))
+
+    def after_train_iter(self, runner, batch_idx: int, data_batch=None, outputs=None) -> None:
+        if _checkpoint_due_after_iter(runner):
+            self._capture(runner.iter + 1)
+
+    def after_train_epoch(self, runner) -> None:
+        self._capture(runner.iter)
+
+    def before_save_checkpoint(self, runner, checkpoint: dict) -> None:
+        if self._captured is not None and self._captured[0] == checkpoint['meta'].get('iter'):
+            checkpoint['rng_states'] = self._captured[1]
+
+    def after_load_checkpoint(self, runner, checkpoint: dict) -> None:
+        self._pending = (checkpoint.get('meta', {}).get('iter', -1), checkpoint.get('rng_states'))
+
+    def before_train_epoch(self, runner) -> None:
+        if self._pending is None:
+            return
+        step, states = self._pending
+        self._pending = None
+        if step != runner.iter or step <= 0:
+            return  # load_from: weights only
+        if states is None or len(states) != get_world_size():
+            why = 'has no RNG states' if states is None else f'was written by {len(states)} processes'
+            print_log(f'ExactResumeHook: the checkpoint {why}; resuming with fresh RNG states (the rest of the run '
+                      'will not repeat the interrupted one exactly)', logger='current', level=30)
+            return
+        mine = states[get_rank()]
+        loop = runner.train_loop
+        if hasattr(loop, 'dataloader_iterator'):  # IterBasedTrainLoop: it replays `iter` batches next
+            loop.dataloader_iterator = _RestoreAfter(loop, runner.iter, mine)
+            return
+        if runner.iter != runner.epoch * len(loop.dataloader):
+            print_log(f'ExactResumeHook: checkpoint from iteration {runner.iter}, inside epoch {runner.epoch + 1}: '
+                      'mmengine restarts that epoch, so the resumed run is not an exact continuation; use '
+                      'IterBasedTrainLoop or epoch-end checkpoints for exact resumes', logger='current', level=30)
+        set_rng_states(mine)
+
+
+FAULT_POINTS = ('iteration', 'checkpoint_write')
+
+
+@HOOKS.register_module()
+class FaultInjectionHook(Hook):
+    """Kill the training process on purpose, to test recovery. Not for real runs.
+
+    Args:
+        at_iter: 1-based iteration (as in the log) the fault happens at.
+        point: ``'iteration'``: the process dies before iteration ``at_iter`` runs (iterations up to
+            ``at_iter - 1`` are done); ``'checkpoint_write'``: it dies inside the write of the checkpoint of
+            iteration ``at_iter`` (or of the epoch ending there), once the bytes are in the temporary file and
+            before it is renamed: the moment an in-place writer leaves a truncated checkpoint behind.
+        rank: the rank that dies (None: every rank). A checkpoint is written by rank 0 only.
+        sig: the signal, SIGKILL by default (no clean-up handlers run).
+
+    Enable it without editing a config: ``--cfg-options default_hooks.fault.type=FaultInjectionHook
+    default_hooks.fault.at_iter=5``.
+    """
+
+    priority = 'VERY_HIGH'
+
+    def __init__(self, at_iter: int, point: str = 'iteration', rank: Optional[int] = None,
+                 sig: int = int(signal.SIGKILL)) -> None:
+        if point not in FAULT_POINTS:
+            raise ValueError(f'FaultInjectionHook: point must be one of {FAULT_POINTS}, got {point!r}')
+        self.at_iter, self.point, self.rank, self.sig = int(at_iter), point, rank, int(sig)
+
+    def _die(self) -> None:
+        where = 'before iteration' if self.point == 'iteration' else 'while writing the checkpoint of iteration'
+        print_log(f'FaultInjectionHook: sending signal {self.sig} to rank {get_rank()} {where} {self.at_iter}',
+                  logger='current', level=30)
+        os.kill(os.getpid(), self.sig)
+
+    def _mine(self) -> bool:
+        return self.rank is None or self.rank == get_rank()
+
+    def before_train_iter(self, runner, batch_idx: int, data_batch=None) -> None:
+        if self.point == 'iteration' and runner.iter + 1 == self.at_iter and self._mine():
+            self._die()
+
+    def before_save_checkpoint(self, runner, checkpoint: dict) -> None:
+        if self.point == 'checkpoint_write' and checkpoint['meta'].get('iter') == self.at_iter and self._mine():
+            # the first fsync of the write comes right after the data went into the temporary file
+            os.fsync = lambda fd: self._die()
+
+
+__all__ = ['atomic_write', 'AtomicLocalBackend', 'AtomicCheckpointHook', 'checkpoint_problem',
+           'find_resumable_checkpoint', 'resolve_auto_resume', 'enable_reliable_training', 'get_rng_states',
+           'set_rng_states', 'ExactResumeHook', 'FaultInjectionHook', 'ATOMIC_BACKEND', 'add_custom_hooks']

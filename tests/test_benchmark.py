@@ -1,0 +1,148 @@
+"""The benchmark tool on tiny models: what it measures, its JSON and table, comparisons, dtypes and errors.
+
+Times are never asserted (the machine is shared); only that they were measured and reported consistently.
+"""
+import json
+import math
+
+import pytest
+import torch
+
+from mmvisatt.analysis.benchmark import (BenchmarkError, BenchmarkSettings, ModelSpec, Workload, cli, main,
+                                         resolve, run_benchmark, summarize)
+
+TINY = "{'embed_dims': 16, 'depths': (1, 1, 1, 1), 'num_heads': (1, 1, 2, 2)}"
+WIDER = "{'embed_dims': 32, 'depths': (1, 1, 1, 1), 'num_heads': (1, 1, 2, 2)}"
+QUICK = ['--shape', '64', '--batch-size', '2', '--warmup', '1', '--repeats', '2']
+TIME_FIELDS = {'median', 'q1', 'q3', 'iqr', 'mean', 'std', 'min', 'max', 'n'}
+
+
+def _check_timing(entry: dict, repeats: int, batch: int) -> None:
+    stats = entry['time_ms']
+    assert set(stats) == TIME_FIELDS and stats['n'] == repeats == len(entry['times_ms'])
+    assert 0 < stats['min'] <= stats['q1'] <= stats['median'] <= stats['q3'] <= stats['max']
+    assert stats['iqr'] == pytest.approx(stats['q3'] - stats['q1'])
+    assert entry['throughput'] == pytest.approx(batch / (stats['median'] / 1e3))
+
+
+def test_backbone_all_measurements_json(tmp_path, capsys):
+    out = tmp_path / 'bench.json'
+    main(['--backbone', 'ReSwinTransformer', '--arch', TINY, *QUICK, '--out', str(out)])
+    table = capsys.readouterr().out
+    report = json.loads(out.read_text())
+    assert report['settings']['shape'] == [64, 64] and report['settings']['dtype'] == 'float32'
+    assert {'cpu', 'logical_cpus', 'torch_threads', 'torch', 'platform'} <= set(report['machine'])
+    assert report['measure'] == ['inference', 'train', 'inference-memory', 'train-memory']
+    model, = report['models']
+    assert model['kind'] == 'backbone' and model['type'] == 'ReSwinTransformer' and model['with_cp'] is False
+    assert model['params']['total'] == sum(
+        p.numel() for p in Workload(ModelSpec('ReSwinTransformer', arch=eval(TINY)), BenchmarkSettings(
+            shape=(64, 64))).model.parameters())
+    for mode in ('inference', 'train'):
+        _check_timing(model[mode], repeats=2, batch=2)
+        memory = model['memory'][mode]
+        assert memory['steps'] == 2 and memory['hwm_reset'] is True
+        # the passes allocate (activations; gradients and AdamW state when training) above the built model
+        assert memory['step_peak_mib'] > 0
+        assert memory['peak_mib'] == pytest.approx(memory['baseline_mib'] + memory['step_peak_mib'])
+    for label in ('inference latency', 'train step', 'inference peak', 'train step peak', 'params (M)'):
+        assert label in table
+    assert f'wrote {out}' in table
+
+
+def test_compare_prints_ratios(tmp_path, capsys):
+    out = tmp_path / 'compare.json'
+    report = main(['--backbone', 'ReSwinTransformer', '--arch', TINY, '--compare', f'ReSwinTransformer:{WIDER}',
+                   *QUICK, '--measure', 'inference', 'train', '--out', str(out)])
+    table = capsys.readouterr().out
+    first, second = report['models']
+    assert second['params']['total'] > first['params']['total']
+    ratios = json.loads(out.read_text())['ratios']
+    assert ratios['params.total'] == pytest.approx(second['params']['total'] / first['params']['total'])
+    assert ratios['inference.time_ms.median'] == pytest.approx(
+        second['inference']['time_ms']['median'] / first['inference']['time_ms']['median'])
+    assert set(ratios) == {'params.total', 'inference.time_ms.median', 'inference.throughput',
+                           'train.time_ms.median', 'train.throughput'}
+    header = next(line for line in table.splitlines() if line.startswith('metric'))
+    assert 'ratio 2/1' in header
+    params_row = next(line for line in table.splitlines() if line.startswith('params (M)'))
+    assert params_row.split()[-1] == f"{ratios['params.total']:.2f}x"
+
+
+def test_bf16_on_cpu():
+    settings = BenchmarkSettings(shape=(64, 64), batch_size=2, dtype='bfloat16')
+    assert settings.dtype == 'bf16'
+    workload = Workload(ModelSpec('ReSwinTransformer', arch=eval(TINY)), settings)
+    outputs = workload.infer()
+    assert all(o.dtype == torch.bfloat16 for o in outputs)
+    before = [p.detach().clone() for p in workload.model.parameters()]
+    loss = workload.train_step()
+    assert math.isfinite(float(loss))
+    # weights stay float32 (autocast) and the optimizer step moved them
+    assert all(p.dtype == torch.float32 for p in workload.model.parameters())
+    assert any(not torch.equal(a, p) for a, p in zip(before, workload.model.parameters()))
+    report = run_benchmark([ModelSpec('ReSwinTransformer', arch=eval(TINY))],
+                           BenchmarkSettings(shape=(64, 64), dtype='bf16', warmup=0, repeats=1), ['train'])
+    assert report['settings']['dtype'] == 'bf16' and report['models'][0]['train']['time_ms']['n'] == 1
+
+
+def test_with_cp_toggles_the_backbone():
+    spec = ModelSpec('ReSwinTransformer', arch=eval(TINY))
+    for with_cp in (True, False):
+        workload = Workload(spec, BenchmarkSettings(shape=(64, 64), with_cp=with_cp))
+        assert workload.with_cp is with_cp
+        assert all(stage.with_cp is with_cp for stage in workload.model.stages)
+        workload.train_step()
+
+
+def test_detection_config_batch_and_options(tiny_det_config):
+    spec = ModelSpec(tiny_det_config, cfg_options={'model.train_cfg.rcnn.sampler.num': 16,
+                                                   'model.test_cfg.rpn.max_per_img': 20,
+                                                   'model.test_cfg.rcnn.max_per_img': 5})
+    settings = BenchmarkSettings(shape=(64, 96), batch_size=2, with_cp=True, warmup=0, repeats=1)
+    workload = Workload(spec, settings)
+    assert workload.kind == 'det' and workload.with_cp is True
+    assert workload.model.backbone.init_cfg is None
+    assert [tuple(img.shape) for img in workload.batch['inputs']] == [(3, 64, 96)] * 2
+    sample = workload.batch['data_samples'][0]
+    assert len(sample.gt_instances) > 0 and sample.gt_instances.masks.height == 64
+    assert math.isfinite(float(workload.train_step()))
+    predictions = workload.infer()
+    assert len(predictions) == 2 and len(predictions[0].pred_instances) <= 5
+    report = run_benchmark([spec], settings, ['train'])
+    assert report['models'][0]['params']['backbone'] < report['models'][0]['params']['total']
+
+
+def test_summarize():
+    stats = summarize([5.0, 1.0, 3.0, 2.0, 4.0])
+    assert (stats['median'], stats['q1'], stats['q3'], stats['iqr']) == (3.0, 2.0, 4.0, 2.0)
+    assert (stats['min'], stats['max'], stats['n']) == (1.0, 5.0, 5)
+    assert summarize([7.0])['iqr'] == 0.0
+
+
+@pytest.mark.parametrize('argv, message', [
+    (['--backbone', 'NoSuchNet'], "Unknown backbone 'NoSuchNet'"),
+    (['--backbone', 'RMT', '--arch', 'zz'], "Unknown RMT arch 'zz'"),
+    (['configs/no_such_config.py'], 'does not exist'),
+    (['--backbone', 'RMT', '--dtype', 'bf16', '--shape', '0'], 'shape must be two positive integers'),
+    ([], 'either a CONFIG file or --backbone'),
+    (['--backbone', 'mmdet.SwinTransformer', '--arch', 't', '--measure', 'inference'], 'takes no `arch`'),
+])
+def test_bad_requests_give_clear_errors(argv, message):
+    with pytest.raises(SystemExit) as exc:
+        cli(argv)
+    assert message in str(exc.value)
+
+
+def test_unknown_backbone_lists_the_choices():
+    with pytest.raises(BenchmarkError) as exc:
+        Workload(ModelSpec('NoSuchNet'), BenchmarkSettings())
+    text = str(exc.value)
+    assert 'reswin_t' in text and 'mmdet.SwinTransformer' in text and 'config file' in text
+
+
+def test_presets_resolve_without_pretraining_or_syncbn():
+    resolved = resolve(ModelSpec('fan_hybrid_t'), with_cp=True)
+    assert resolved.is_backbone and resolved.cfg['type'] == 'FAN' and resolved.cfg['arch'] == 'hybrid_t'
+    assert resolved.cfg['init_cfg'] is None and resolved.cfg['norm_cfg']['type'] == 'BN'
+    assert resolved.cfg['with_cp'] is True

@@ -1,0 +1,71 @@
+"""Every backbone's fast attention path equals its explicit-softmax reference path, in one place.
+
+The families switch paths by a constructor argument (RMT/EVT ``fused_attention``, FAN ``fused_attn``, Shunted
+``attn_impl``); both models of a case share the same weights. The ReViT family (ReViT, ReSwinTransformer,
+ReMViTv2) has a single path: every layer's mixed scores are carried to the next layer, so they are materialised
+whatever kernel computes the softmax, and there is no second path to compare.
+"""
+import pytest
+import torch
+
+from mmvisatt.models.backbones import EVT, FAN, RMT, ShuntedTransformer
+
+SMALL = dict(embed_dims=(16, 32, 32, 64), num_heads=(2, 2, 4, 4))
+CASES = {
+    'rmt': (RMT, dict(arch=dict(SMALL, depths=(1, 2, 1, 1), decomposed=(True, True, False, False),
+                                layer_scales=(False, False, True, True))), 'fused_attention', (True, False)),
+    'evt': (EVT, dict(arch=dict(SMALL, depths=(2, 2, 1, 1))), 'fused_attention', (True, False)),
+    'evt_swin': (EVT, dict(arch=dict(style='swin', embed_dims=(16, 32, 32, 64), depths=(2, 2, 2, 2),
+                                     num_heads=(1, 2, 2, 4))), 'fused_attention', (True, False)),
+    'shunted': (ShuntedTransformer, dict(arch=dict(SMALL, depths=(1, 1, 1, 1), mlp_ratios=(2, 2, 2, 2),
+                                                   sr_ratios=(8, 4, 2, 1))), 'attn_impl', ('sdpa', 'explicit')),
+    'fan_vit': (FAN, dict(arch=dict(form='vit', embed_dims=32, depth=2, num_heads=2)), 'fused_attn', (True, False)),
+    'fan_hybrid': (FAN, dict(arch=dict(form='hybrid', embed_dims=32, depth=3, num_heads=2, stem_depths=(1, 1),
+                                       stem_dims=(16, 24), out_block=1, down_channels=40)), 'fused_attn',
+                   (True, False)),
+    'fan_swin': (FAN, dict(arch=dict(form='swin', embed_dims=16, depths=(1, 2, 1, 1), num_heads=(1, 2, 2, 4))),
+                 'fused_attn', (True, False)),
+}
+# float64 compares the two formulas; float32 what a user runs (the fused kernels sum in another order).
+TOLERANCES = {torch.float64: dict(rtol=1e-9, atol=1e-10), torch.float32: dict(rtol=1e-4, atol=1e-4)}
+
+
+def _pair(name: str, dtype: torch.dtype):
+    cls, kwargs, switch, (fast, reference) = CASES[name]
+    torch.manual_seed(0)
+    fast_model = cls(drop_path_rate=0., **{switch: fast}, **kwargs)
+    with torch.no_grad():
+        # weights away from their identity-like initial values (layer scales of 1e-6 would hide attention)
+        for p in fast_model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    reference_model = cls(drop_path_rate=0., **{switch: reference}, **kwargs)
+    reference_model.load_state_dict(fast_model.state_dict())
+    return fast_model.to(dtype).eval(), reference_model.to(dtype).eval()
+
+
+@pytest.mark.parametrize('dtype', [torch.float64, torch.float32], ids=['float64', 'float32'])
+@pytest.mark.parametrize('name', list(CASES))
+def test_fast_path_equals_reference(name, dtype):
+    fast, reference = _pair(name, dtype)
+    # odd sizes: padding of windows/groups and ragged pooled maps are on the path too
+    x = torch.randn(1, 3, 70, 45, dtype=dtype)
+    with torch.no_grad():
+        outs, refs = fast(x), reference(x)
+    assert len(outs) == len(refs) == 4
+    for out, ref in zip(outs, refs):
+        assert out.shape == ref.shape
+        torch.testing.assert_close(out, ref, **TOLERANCES[dtype])
+
+
+@pytest.mark.parametrize('name', list(CASES))
+def test_fast_path_gradients_equal_reference(name):
+    fast, reference = _pair(name, torch.float64)
+    x = torch.randn(1, 3, 48, 40, dtype=torch.float64)
+    grads = []
+    for model in (fast, reference):
+        model.train()
+        sum(out.square().mean() for out in model(x)).backward()
+        grads.append({n: p.grad for n, p in model.named_parameters() if p.grad is not None})
+    assert grads[0].keys() == grads[1].keys() and grads[0]
+    for key in grads[0]:
+        torch.testing.assert_close(grads[0][key], grads[1][key], rtol=1e-7, atol=1e-9, msg=key)

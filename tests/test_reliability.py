@@ -1,0 +1,520 @@
+"""Reliability: killed runs resume exactly, checkpoints are written atomically, a non-finite loss stops training
+with a message, one process with batch 2 trains like two with batch 1, bad input gets a clear error, and the data
+pipeline keeps up without leaking. See docs/reliability.md."""
+import contextlib
+import json
+import os
+import os.path as osp
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import cv2
+import numpy as np
+import pytest
+import torch
+from mmengine.config import Config
+from mmengine.registry import MODELS
+
+import mmvisatt.models  # noqa: F401  (registers the backbones)
+from conftest import CONFIGS, REPO
+from mmvisatt.engine import entrypoints
+from mmvisatt.engine.guards import NonFiniteLossError
+from mmvisatt.engine.input_checks import (AnnotationError, ConfigKeyError, CorruptCheckpointError,
+                                          CorruptImageError, check_coco_annotations, explain_image_error)
+from mmvisatt.engine.reliability import atomic_write, find_resumable_checkpoint, resolve_auto_resume
+
+pytest.importorskip('mmdet')
+pytest.importorskip('mmseg')
+
+NO_VAL = ['val_dataloader=None', 'val_cfg=None', 'val_evaluator=None']
+DETERMINISTIC = ['randomness.deterministic=True']
+TINY_SWIN = "arch=dict(_delete_=True, embed_dims=16, depths=(1, 1, 1, 1), num_heads=(1, 1, 2, 2))"
+
+# Mask R-CNN with a one-block-per-stage ReSwin and 32-channel heads: every source of randomness of the real recipe
+# (drop path, random RPN / RoI samplers, random flips in a dataloader worker), a few MB per checkpoint.
+TINY_MASK_RCNN = f"""_base_ = [{osp.join(CONFIGS, 'mask_rcnn_reswin_t_3x.py')!r}]
+model = dict(
+    backbone=dict({TINY_SWIN}),
+    neck=dict(in_channels=[16, 32, 64, 128], out_channels=32),
+    rpn_head=dict(in_channels=32, feat_channels=32),
+    roi_head=dict(
+        bbox_roi_extractor=dict(out_channels=32), bbox_head=dict(in_channels=32, fc_out_channels=64),
+        mask_roi_extractor=dict(out_channels=32), mask_head=dict(in_channels=32, conv_out_channels=32)))
+"""
+# The RetinaNet config's backbone and neck with an ATSS head, whose loss normalisers are averaged over processes.
+TINY_ATSS = f"""_base_ = [{osp.join(CONFIGS, 'retinanet_reswin_t_1x.py')!r}]
+model = dict(
+    backbone=dict({TINY_SWIN}, drop_path_rate=0.),
+    neck=dict(in_channels=[32, 64, 128], out_channels=32),
+    bbox_head=dict(
+        _delete_=True, type='ATSSHead', num_classes=80, in_channels=32, stacked_convs=1, feat_channels=32,
+        anchor_generator=dict(type='AnchorGenerator', ratios=[1.0], octave_base_scale=8, scales_per_octave=1,
+                              strides=[8, 16, 32, 64, 128]),
+        bbox_coder=dict(type='DeltaXYWHBBoxCoder', target_means=[.0, .0, .0, .0], target_stds=[.1, .1, .2, .2]),
+        loss_cls=dict(type='FocalLoss', use_sigmoid=True, gamma=2.0, alpha=0.25, loss_weight=1.0),
+        loss_bbox=dict(type='GIoULoss', loss_weight=2.0),
+        loss_centerness=dict(type='CrossEntropyLoss', use_sigmoid=True, loss_weight=1.0)),
+    train_cfg=dict(assigner=dict(_delete_=True, type='ATSSAssigner', topk=9)))
+"""
+TINY_RETINANET = f"""_base_ = [{osp.join(CONFIGS, 'retinanet_reswin_t_1x.py')!r}]
+model = dict(
+    backbone=dict({TINY_SWIN}, drop_path_rate=0.),
+    neck=dict(in_channels=[32, 64, 128], out_channels=32),
+    bbox_head=dict(in_channels=32, feat_channels=32, stacked_convs=1))
+"""
+# Semantic FPN: its head has SyncBN, so the distributed run exercises CPUSyncBN.
+TINY_SEMANTIC_FPN = f"""_base_ = [{osp.join(CONFIGS, 'fpn_reswin_t_80k_ade20k.py')!r}]
+model = dict(
+    backbone=dict({TINY_SWIN}, drop_path_rate=0.),
+    neck=dict(in_channels=[16, 32, 64, 128], out_channels=32),
+    decode_head=dict(in_channels=[32, 32, 32, 32], channels=32, dropout_ratio=0.))
+"""
+
+
+@pytest.fixture(scope='module')
+def tiny_configs(tmp_path_factory):
+    root = tmp_path_factory.mktemp('reliability_configs')
+    paths = {}
+    for name, text in (('mask_rcnn', TINY_MASK_RCNN), ('atss', TINY_ATSS), ('retinanet', TINY_RETINANET),
+                       ('semantic_fpn', TINY_SEMANTIC_FPN)):
+        paths[name] = str(root / f'tiny_{name}.py')
+        with open(paths[name], 'w') as f:
+            f.write(text)
+    return paths
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        return s.getsockname()[1]
+
+
+def _kill_leftovers(work_dir: str) -> None:
+    """Kill processes of a run that outlived it: torchrun starts its workers in sessions of their own, so a killed
+    rank's dataloader worker escapes the process group. The work dir, unique to the test, is in its command line."""
+    for pid in filter(str.isdigit, os.listdir('/proc')):
+        with contextlib.suppress(OSError):
+            with open(f'/proc/{pid}/cmdline', 'rb') as f:
+                args = f.read().split(b'\0')
+            if work_dir.encode() in args and int(pid) != os.getpid():
+                os.kill(int(pid), signal.SIGKILL)
+
+
+def _run(config: str, work_dir, options, procs: int = 1, extra=(), expect_kill: bool = False):
+    """tools/train.py (or tools/dist_train.sh) in a subprocess, one thread per process: bitwise comparisons need
+    the same thread count in every run."""
+    env = dict(os.environ, OMP_NUM_THREADS='1', PYTHON=sys.executable, PORT=str(_free_port()))
+    if procs == 1:
+        cmd = [sys.executable, osp.join(REPO, 'tools', 'train.py'), config]
+    else:
+        cmd = ['bash', osp.join(REPO, 'tools', 'dist_train.sh'), config, str(procs)]
+    cmd += ['--demo', '--work-dir', str(work_dir), *extra, '--cfg-options', *options]
+    log_file = f'{work_dir}.log'
+    # Output to a file and a session of its own: a SIGKILLed trainer leaves its dataloader worker behind, blocked
+    # for good on its result queue and holding any pipe it inherited; the whole session is killed at the end.
+    with open(log_file, 'w') as out:
+        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            returncode = proc.wait(timeout=600)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            _kill_leftovers(str(work_dir))
+    with open(log_file) as f:
+        log = f.read()
+    if expect_kill:
+        assert returncode != 0, 'the fault was not injected:\n' + log[-3000:]
+    else:
+        assert returncode == 0, log[-6000:]
+    return log
+
+
+def _ckpt(path) -> dict:
+    return torch.load(str(path), map_location='cpu', weights_only=True)
+
+
+def _assert_bitwise_equal(a: dict, b: dict) -> None:
+    assert a['meta']['iter'] == b['meta']['iter']
+    assert a['state_dict'].keys() == b['state_dict'].keys()
+    differ = [k for k in a['state_dict'] if not torch.equal(a['state_dict'][k], b['state_dict'][k])]
+    assert not differ, f'{len(differ)} tensors differ, e.g. {differ[:5]}'
+    state_a, state_b = a['optimizer']['state'], b['optimizer']['state']
+    assert state_a.keys() == state_b.keys()
+    for key in state_a:
+        for name, value in state_a[key].items():
+            assert torch.equal(torch.as_tensor(value), torch.as_tensor(state_b[key][name])), (key, name)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 1. Atomic checkpoints, --resume auto, exact resume
+# ---------------------------------------------------------------------------------------------------------------
+
+def test_atomic_write_keeps_the_old_file_when_the_write_dies(tmp_path, monkeypatch):
+    target = tmp_path / 'iter_2.pth'
+    atomic_write(b'old complete checkpoint', str(target))
+
+    def die(fd):
+        raise KeyboardInterrupt('killed while writing')
+
+    monkeypatch.setattr(os, 'fsync', die)
+    with pytest.raises(KeyboardInterrupt):
+        atomic_write(b'new' * 1000, str(target))
+    assert target.read_bytes() == b'old complete checkpoint'
+    assert os.listdir(tmp_path) == ['iter_2.pth']  # the temporary file is gone too
+    umask = os.umask(0)
+    os.umask(umask)
+    assert target.stat().st_mode & 0o777 == 0o666 & ~umask  # as open() would create it, not mkstemp's 0600
+
+
+def _write_checkpoints(work_dir, steps):
+    for step in steps:
+        torch.save({'meta': {'iter': step}, 'state_dict': {'w': torch.full((64,), float(step))}},
+                   str(work_dir / f'iter_{step}.pth'))
+
+
+def test_auto_resume_skips_incomplete_checkpoints(tmp_path):
+    _write_checkpoints(tmp_path, (2, 4, 6))
+    # iter_6: cut short by a kill during an in-place write (mmengine's own writer); iter_4: empty
+    data = (tmp_path / 'iter_6.pth').read_bytes()
+    (tmp_path / 'iter_6.pth').write_bytes(data[:len(data) // 2])
+    (tmp_path / 'iter_4.pth').write_bytes(b'')
+    (tmp_path / 'last_checkpoint').write_text(str(tmp_path / 'iter_6.pth'))
+    (tmp_path / '.iter_8.pth.abc.partial').write_bytes(data)
+    found, skipped = find_resumable_checkpoint(str(tmp_path))
+    assert found == str(tmp_path / 'iter_2.pth')
+    assert [osp.basename(p) for p, _ in skipped] == ['iter_6.pth', 'iter_4.pth']
+    assert 'incomplete' in skipped[0][1] and 'empty' in skipped[1][1]
+    cfg = resolve_auto_resume(Config(dict(work_dir=str(tmp_path))))
+    assert cfg.resume is True and cfg.load_from == str(tmp_path / 'iter_2.pth')
+    # nothing usable left: start afresh instead of letting mmengine load what last_checkpoint names
+    os.remove(tmp_path / 'iter_2.pth')
+    cfg = resolve_auto_resume(Config(dict(work_dir=str(tmp_path))))
+    assert cfg.resume is False and cfg.load_from is None
+
+
+def test_explicit_resume_from_a_truncated_checkpoint_is_refused(tiny_det_config, tmp_path):
+    _write_checkpoints(tmp_path, (4,))
+    path = tmp_path / 'iter_4.pth'
+    path.write_bytes(path.read_bytes()[:-100])
+    with pytest.raises(CorruptCheckpointError, match='incomplete or corrupt.*--resume'):
+        entrypoints.prepare_train([tiny_det_config, '--demo', '--work-dir', str(tmp_path), '--resume', str(path)])
+
+
+def test_train_tool_uses_atomic_checkpoints(tiny_det_config, tmp_path):
+    cfg = entrypoints.prepare_train([tiny_det_config, '--demo', '--work-dir', str(tmp_path)])
+    assert cfg.default_hooks.checkpoint.type == 'AtomicCheckpointHook'
+    types = [h['type'] for h in cfg.custom_hooks]
+    assert {'NonFiniteGuardHook', 'ExactResumeHook', 'ChannelCheckHook'} <= set(types)
+
+
+RESUME_OPTIONS = ['train_cfg.max_iters=6', 'default_hooks.checkpoint.interval=2',
+                  'default_hooks.checkpoint.max_keep_ckpts=1', *DETERMINISTIC, *NO_VAL]
+FAULT = ['default_hooks.fault.type=FaultInjectionHook']
+
+
+@pytest.mark.slow
+def test_killed_runs_resume_bitwise_exactly(tiny_configs, tmp_path):
+    """Reference: 6 uninterrupted iterations. Then a run killed while writing the checkpoint of iteration 4:
+    iteration 2's must survive (although max_keep_ckpts=1), and resuming from it must end with the reference's
+    weights and optimizer state, bit for bit."""
+    config = tiny_configs['mask_rcnn']
+    _run(config, tmp_path / 'reference', RESUME_OPTIONS)
+    work = tmp_path / 'killed'
+    _run(config, work, RESUME_OPTIONS + FAULT + ['default_hooks.fault.at_iter=4',
+                                                 'default_hooks.fault.point=checkpoint_write'], expect_kill=True)
+    names = sorted(os.listdir(work))
+    assert 'iter_2.pth' in names and 'iter_4.pth' not in names, names
+    assert any(n.endswith('.partial') for n in names), names  # the write really was under way
+    assert len(_ckpt(work / 'iter_2.pth')['rng_states']) == 1
+
+    log = _run(config, work, RESUME_OPTIONS, extra=['--resume', 'auto'])
+    assert f'--resume: resuming from {work / "iter_2.pth"}' in log
+    assert not any(n.endswith('.partial') for n in os.listdir(work))
+    _assert_bitwise_equal(_ckpt(tmp_path / 'reference' / 'iter_6.pth'), _ckpt(work / 'iter_6.pth'))
+
+
+@pytest.mark.slow
+def test_killed_distributed_run_resumes_bitwise_exactly(tiny_configs, tmp_path):
+    """The same for two processes over gloo, killed between iterations: rank 0 dies before iteration 5 (torchrun
+    then stops rank 1); the resume starts from iteration 4's checkpoint."""
+    config = tiny_configs['mask_rcnn']
+    _run(config, tmp_path / 'reference', RESUME_OPTIONS, procs=2)
+    work = tmp_path / 'killed'
+    _run(config, work, RESUME_OPTIONS + FAULT + ['default_hooks.fault.at_iter=5', 'default_hooks.fault.rank=0'],
+         procs=2, expect_kill=True)
+    assert len(_ckpt(work / 'iter_4.pth')['rng_states']) == 2  # one per rank
+    _run(config, work, RESUME_OPTIONS, procs=2, extra=['--resume'])
+    _assert_bitwise_equal(_ckpt(tmp_path / 'reference' / 'iter_6.pth'), _ckpt(work / 'iter_6.pth'))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 2. Distributed equivalence: 2 processes x batch 1 == 1 process x batch 2
+# ---------------------------------------------------------------------------------------------------------------
+
+# no random flips: each process draws augmentation randomness from its own stream (docs/reliability.md)
+EQUIVALENCE_OPTIONS = ['train_cfg.max_iters=10', 'default_hooks.trace.type=TrainingTraceHook',
+                       'train_dataloader.dataset.pipeline.3.prob=0.0', *DETERMINISTIC, *NO_VAL]
+
+
+def _traces(work_dir, world: int):
+    traces = []
+    for rank in range(world):
+        with open(osp.join(work_dir, 'trace', f'rank{rank}.json')) as f:
+            traces.append(json.load(f))
+    return traces
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('name', ['atss', 'semantic_fpn'])
+def test_two_processes_batch_1_train_like_one_process_batch_2(tiny_configs, tmp_path, name):
+    config = tiny_configs[name]
+    _run(config, tmp_path / 'one', EQUIVALENCE_OPTIONS + ['train_dataloader.batch_size=2'])
+    _run(config, tmp_path / 'two', EQUIVALENCE_OPTIONS + ['train_dataloader.batch_size=1'], procs=2)
+    (one,), two = _traces(tmp_path / 'one', 1), _traces(tmp_path / 'two', 2)
+    # the same images in every iteration: rank r's i-th image is the r-th of the single process's i-th batch
+    assert one['sample_ids'][0::2] == two[0]['sample_ids'] and one['sample_ids'][1::2] == two[1]['sample_ids']
+    assert len(one['losses']) == 10
+    for it, (single, *ranks) in enumerate(zip(one['losses'], two[0]['losses'], two[1]['losses'])):
+        for term, value in single.items():
+            mean = sum(r[term] for r in ranks) / len(ranks)
+            assert abs(value - mean) < 1e-5, (it + 1, term, value, mean)
+    assert two[0]['param_sha256'] == two[1]['param_sha256']
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 3. Non-finite losses
+# ---------------------------------------------------------------------------------------------------------------
+
+@pytest.fixture
+def nan_loss_cls_at_iteration_2(monkeypatch):
+    """RetinaNet's classification loss is NaN in the second training iteration."""
+    from mmdet.models.dense_heads import RetinaHead
+    original, calls = RetinaHead.loss_by_feat, []
+
+    def loss_by_feat(self, *args, **kwargs):
+        losses = original(self, *args, **kwargs)
+        calls.append(1)
+        if len(calls) == 2:
+            losses['loss_cls'] = [loss * float('nan') for loss in losses['loss_cls']]
+        return losses
+
+    monkeypatch.setattr(RetinaHead, 'loss_by_feat', loss_by_feat)
+
+
+def _train_retinanet(config, work_dir, *options):
+    return entrypoints.train_main([config, '--demo', '--work-dir', str(work_dir), '--cfg-options',
+                                   'train_cfg.max_iters=3', 'default_hooks.checkpoint.interval=1',
+                                   'train_dataloader.num_workers=0', 'train_dataloader.persistent_workers=False',
+                                   *NO_VAL, *options])
+
+
+def test_non_finite_loss_stops_training_naming_iteration_and_term(tiny_configs, tmp_path,
+                                                                  nan_loss_cls_at_iteration_2):
+    with pytest.raises(NonFiniteLossError) as error:
+        _train_retinanet(tiny_configs['retinanet'], tmp_path)
+    message = str(error.value)
+    assert 'iteration 2' in message and 'loss_cls=nan' in message and 'loss_bbox' not in message
+    assert '(images: ' in message and '/train/' in message  # the images of the batch
+    assert 'iter_1.pth' in message and 'learning rate' in message
+    assert sorted(p for p in os.listdir(tmp_path) if p.endswith('.pth')) == ['iter_1.pth']
+    state_dict = _ckpt(tmp_path / 'iter_1.pth')['state_dict']
+    assert all(torch.isfinite(v).all() for v in state_dict.values() if v.is_floating_point())
+
+
+def test_non_finite_loss_can_be_skipped(tiny_configs, tmp_path, nan_loss_cls_at_iteration_2):
+    runner = _train_retinanet(tiny_configs['retinanet'], tmp_path,
+                              'custom_hooks.0.action=skip')  # custom_hooks.0: the runtime base's guard
+    guard = next(h for h in runner.hooks if type(h).__name__ == 'NonFiniteGuardHook')
+    assert guard.skipped == [2] and runner.iter == 3
+    assert {int(s['step']) for s in runner.optim_wrapper.optimizer.state.values()} == {2}  # 3 iterations, 2 steps
+    assert all(torch.isfinite(p).all() for p in runner.model.parameters())
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 4. Bad input
+# ---------------------------------------------------------------------------------------------------------------
+
+def test_missing_data_root(tmp_path, monkeypatch):
+    from mmvisatt.engine.checks import MissingDataError
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(MissingDataError, match=r'(?s)data/ade/ADEChallengeData2016.*--demo'):
+        entrypoints.prepare_train([osp.join(CONFIGS, 'fpn_reswin_t_80k_ade20k.py')])
+
+
+def _coco(tmp_path, images=1, annotations=((1, 1),), categories=(1, 2)) -> str:
+    data = dict(images=[dict(id=i + 1, file_name=f'{i}.jpg', width=32, height=32) for i in range(images)],
+                annotations=[dict(id=n + 1, image_id=img, category_id=cat, bbox=[1, 1, 8, 8], area=64, iscrowd=0)
+                             for n, (img, cat) in enumerate(annotations)],
+                categories=[dict(id=c, name=f'class{c}') for c in categories])
+    path = tmp_path / 'instances.json'
+    path.write_text(json.dumps(data))
+    return str(path)
+
+
+def test_annotation_problems_are_named(tmp_path):
+    check_coco_annotations(_coco(tmp_path), classes=('class1', 'class2'))
+    with pytest.raises(AnnotationError, match=r'category_id 7 \(2 annotations\).*Add the categories'):
+        check_coco_annotations(_coco(tmp_path, annotations=((1, 1), (1, 7), (1, 7))))
+    with pytest.raises(AnnotationError, match=r"categories \['class2'\] are not among.*metainfo.classes"):
+        check_coco_annotations(_coco(tmp_path, annotations=((1, 2),)), classes=('class1',))
+    with pytest.raises(AnnotationError, match='lists no images'):
+        check_coco_annotations(_coco(tmp_path, images=0, annotations=()))
+    with pytest.raises(AnnotationError, match='no annotations'):
+        check_coco_annotations(_coco(tmp_path, annotations=()))
+    check_coco_annotations(_coco(tmp_path, annotations=()), train=False)  # fine for a test set
+
+
+def test_annotation_check_runs_before_training(tiny_det_config, tmp_path):
+    ann = _coco(tmp_path, annotations=((1, 1), (1, 9)))
+    with pytest.raises(AnnotationError, match='category_id 9'):
+        entrypoints.train_main([tiny_det_config, '--demo', '--work-dir', str(tmp_path), '--cfg-options',
+                                f'train_dataloader.dataset.ann_file={ann}'])
+
+
+def _demo_image_paths(n: int):
+    from mmvisatt.datasets import prepare_demo_coco
+    root = prepare_demo_coco(img_size=160)
+    return root, sorted(os.listdir(osp.join(root, 'train')))[:n]
+
+
+def test_grayscale_and_rgba_images_are_converted_to_colour(tmp_path):
+    from mmcv.transforms import LoadImageFromFile
+    gray = tmp_path / 'gray.png'
+    rgba = tmp_path / 'rgba.png'
+    cv2.imwrite(str(gray), np.full((40, 50), 128, np.uint8))
+    cv2.imwrite(str(rgba), np.dstack([np.full((40, 50, 3), 60, np.uint8), np.full((40, 50), 0, np.uint8)]))
+    for path in (gray, rgba):
+        img = LoadImageFromFile()(dict(img_path=str(path)))['img']  # what every config's pipeline starts with
+        assert img.shape == (40, 50, 3) and img.dtype == np.uint8
+
+
+def test_corrupt_image_gets_a_clear_error(tiny_configs, tmp_path):
+    from mmcv.transforms import LoadImageFromFile
+    bad = tmp_path / 'bad.jpg'
+    bad.write_bytes(b'\xff\xd8 this is not a jpeg')
+    with pytest.raises(AssertionError) as raw:
+        LoadImageFromFile()(dict(img_path=str(bad)))
+    explained = explain_image_error(raw.value)
+    assert isinstance(explained, CorruptImageError) and str(bad) in str(explained) and 'Replace it' in str(explained)
+    # end to end: the training images of the demo set, all but their names overwritten with garbage
+    root, names = _demo_image_paths(10 ** 6)
+    data = tmp_path / 'coco'
+    shutil.copytree(osp.join(root, 'annotations'), data / 'annotations')
+    (data / 'train').mkdir()
+    for name in names:
+        (data / 'train' / name).write_bytes(b'garbage')
+    with pytest.raises(CorruptImageError, match=r'train/\d+\.\w+ cannot be decoded'):
+        entrypoints.train_main([tiny_configs['retinanet'], '--demo', '--work-dir', str(tmp_path / 'work'),
+                                '--cfg-options', f'train_dataloader.dataset.data_root={data}',
+                                'train_dataloader.num_workers=0', 'train_dataloader.persistent_workers=False',
+                                'train_cfg.max_iters=1', *NO_VAL])
+
+
+def _tiny_reswin(**kwargs):
+    return MODELS.build(dict(type='ReSwinTransformer', arch=dict(embed_dims=16, depths=(1, 1, 1, 1),
+                                                                 num_heads=(1, 1, 2, 2)), **kwargs))
+
+
+def test_too_small_and_wrong_channel_inputs():
+    backbone = _tiny_reswin().eval()
+    with pytest.raises(ValueError, match=r'expects images of shape \(B, 3, H, W\).*in_channels=1'):
+        backbone(torch.zeros(1, 1, 64, 64))
+    with pytest.raises(ValueError, match=r'at least 4x4 pixels.*resize or pad'):
+        backbone(torch.zeros(1, 3, 2, 2))
+
+
+@pytest.mark.parametrize('family,arch', [('ReViT', 'b'), ('ReSwinTransformer', 't'), ('ReMViTv2', 't'),
+                                         ('FAN', 'fan_hybrid_s'), ('RMT', 't'), ('EVT', 't'),
+                                         ('ShuntedTransformer', 't')])
+def test_unknown_arch_and_out_indices(family, arch):
+    with pytest.raises(ValueError, match=rf"Unknown {family} arch 'xxl'; choose one of \[.*\].*or pass a dict"):
+        MODELS.build(dict(type=family, arch='xxl'))
+    for wrong in ((4,), (0, -5)):
+        with pytest.raises(ValueError, match=r'out_indices \(.*\) out of range for 4 outputs'):
+            MODELS.build(dict(type=family, arch=arch, out_indices=wrong))
+
+
+def test_neck_channels_that_disagree_with_the_backbone(tiny_configs, tmp_path):
+    with pytest.raises(ValueError) as error:
+        _train_retinanet(tiny_configs['retinanet'], tmp_path, 'model.neck.in_channels=[96,192,384]')
+    message = str(error.value)
+    assert 'model.neck.in_channels=[96, 192, 384] does not match' in message
+    assert 'channels [32, 64, 128]' in message and 'Set model.neck.in_channels=[32, 64, 128]' in message
+
+
+def test_checkpoint_of_another_family_or_truncated(tmp_path):
+    from mmvisatt.checkpoint.loading import CheckpointMismatchError, load_pretrained
+    rmt = MODELS.build(dict(type='RMT', arch='t'))
+    path = tmp_path / 'rmt.pth'
+    torch.save({'state_dict': {f'backbone.{k}': v for k, v in rmt.state_dict().items()}}, str(path))
+    with pytest.raises(CheckpointMismatchError, match='not recognised as reswin'):
+        load_pretrained(_tiny_reswin(), str(path), family='reswin')
+    path.write_bytes(path.read_bytes()[:1000])
+    init = dict(type='Pretrained', checkpoint=str(path))
+    with pytest.raises(CorruptCheckpointError, match=r'model\.backbone\.init_cfg .*incomplete.*Download it again'):
+        entrypoints.check_model_files(Config(dict(model=dict(backbone=dict(init_cfg=init)))))
+
+
+def test_misspelled_cfg_options_list_close_matches(tiny_det_config, tmp_path):
+    args = [tiny_det_config, '--demo', '--work-dir', str(tmp_path), '--cfg-options']
+    with pytest.raises(ConfigKeyError) as error:
+        entrypoints.prepare_train(args + ['train_cfg.max_iter=3', 'model.backbon.drop_path_rate=0'])
+    message = str(error.value)
+    assert 'did you mean train_cfg.max_iters?' in message and 'did you mean model.backbone?' in message
+    with pytest.raises(ConfigKeyError, match='has only 5 entries'):
+        entrypoints.prepare_train(args + ['train_dataloader.dataset.pipeline.7.prob=0'])
+    # new keys without a near namesake are fine
+    cfg = entrypoints.prepare_train(args + ['default_hooks.trace.type=TrainingTraceHook', 'train_cfg.max_iters=3'])
+    assert cfg.default_hooks.trace.type == 'TrainingTraceHook' and cfg.train_cfg.max_iters == 3
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 5. Load: the data pipeline keeps up and does not leak
+# ---------------------------------------------------------------------------------------------------------------
+
+def _rss_kib(pid: int) -> int:
+    with open(f'/proc/{pid}/status') as f:
+        return next(int(line.split()[1]) for line in f if line.startswith('VmRSS:'))
+
+
+def _tree_rss_kib() -> int:
+    pid = os.getpid()
+    with open(f'/proc/{pid}/task/{pid}/children') as f:
+        children = [int(c) for c in f.read().split()]
+    return _rss_kib(pid) + sum(_rss_kib(c) for c in children if osp.exists(f'/proc/{c}'))
+
+
+@pytest.mark.slow
+def test_dataloader_keeps_up_without_leaking(tiny_det_config):
+    from mmengine.registry import DefaultScope
+    from mmengine.runner import Runner
+    from mmdet.utils import register_all_modules
+    from mmvisatt.engine import DemoSettings, to_demo_config
+    register_all_modules(init_default_scope=False)
+    settings = DemoSettings()
+    cfg = to_demo_config(Config.fromfile(tiny_det_config), settings)
+    loader_cfg = cfg.train_dataloader
+    loader_cfg.update(batch_size=4 * settings.batch_size, num_workers=2, persistent_workers=True)
+    with DefaultScope.overwrite_default_scope('mmdet'):
+        loader = Runner.build_dataloader(loader_cfg, seed=0)
+    batches, waits, rss = 0, [], {}
+    while batches < 200:
+        start = time.perf_counter()
+        for batch in loader:
+            waits.append(time.perf_counter() - start)
+            batches += 1
+            assert len(batch['inputs']) == 8
+            if batches in (20, 200):  # after warm-up (workers started, caches filled) and at the end
+                rss[batches] = _tree_rss_kib()
+            if batches == 200:
+                break
+            start = time.perf_counter()
+    growth = rss[200] / rss[20] - 1
+    assert growth < 0.05, f'RSS grew {growth:.1%} from batch 20 to 200 ({rss[20]} -> {rss[200]} KiB)'
+    # a tiny Mask R-CNN iteration at batch 8 takes seconds on this CPU; the loader must stay far below
+    mean_wait = float(np.mean(waits[20:]))
+    assert mean_wait < 0.25, f'the model would wait {mean_wait:.3f} s per batch for data'
