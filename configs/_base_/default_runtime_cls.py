@@ -23,8 +23,9 @@ vis_backends = [dict(type='LocalVisBackend')]
 # tools/analysis/plot_logs.py then has no scalars.json to read. See docs/getting_started.md.
 visualizer = dict(type='UniversalVisualizer', vis_backends=vis_backends)
 
-# stop at the first NaN/Inf loss, naming the iteration and the loss term (mmvisatt/engine/guards.py)
-custom_hooks = [dict(type='NonFiniteGuardHook', action='raise')]
+# stop at the first NaN/Inf loss, naming the iteration and the loss term (mmvisatt/engine/guards.py); a progress
+# bar over every evaluation
+custom_hooks = [dict(type='NonFiniteGuardHook', action='raise'), dict(type='EvalProgressBarHook')]
 
 log_level = 'INFO'
 load_from = None

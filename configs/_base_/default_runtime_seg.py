@@ -25,8 +25,9 @@ vis_backends = [dict(type='LocalVisBackend')]
 visualizer = dict(type='SegLocalVisualizer', vis_backends=vis_backends, name='visualizer')
 log_processor = dict(by_epoch=False)
 
-# stop at the first NaN/Inf loss, naming the iteration and the loss term (mmvisatt/engine/guards.py)
-custom_hooks = [dict(type='NonFiniteGuardHook', action='raise')]
+# stop at the first NaN/Inf loss, naming the iteration and the loss term (mmvisatt/engine/guards.py); a progress
+# bar over every evaluation
+custom_hooks = [dict(type='NonFiniteGuardHook', action='raise'), dict(type='EvalProgressBarHook')]
 
 log_level = 'INFO'
 load_from = None

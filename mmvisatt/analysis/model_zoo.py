@@ -126,9 +126,10 @@ def load_config(path: str) -> Config:
 
 
 def config_hash(cfg: Config) -> str:
-    """Hash of the resolved config (bases included), so a change in any base invalidates the cache. (Not
-    ``pretty_text``: formatting it takes seconds per config.)"""
-    text = json.dumps(cfg.to_dict(), sort_keys=True, default=repr)
+    """Hash of the resolved model config (bases included): what the measurements depend on, so a change of the
+    model in any base invalidates the cache and a change of hooks or schedules does not. (Not ``pretty_text``:
+    formatting it takes seconds per config.)"""
+    text = json.dumps(cfg.to_dict().get('model'), sort_keys=True, default=repr)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -330,7 +331,7 @@ def measure_configs(paths: Sequence[str], cache_path: Optional[str] = None, flop
     cache = load_cache(cache_path) if cache_path else {}
     meta = dict(generator='mmvisatt.analysis.model_zoo', version=MEASURE_VERSION)
     results = []
-    for path in paths:
+    for done, path in enumerate(paths, 1):
         name = osp.basename(path)[:-3]
         cached = cache.get(name)
         want_flops = flops and (deadline is None or datetime.datetime.now(datetime.timezone.utc) < deadline)
@@ -340,7 +341,7 @@ def measure_configs(paths: Sequence[str], cache_path: Optional[str] = None, flop
             results.append(cached)
             continue
         result = measure(path, flops=want_flops)
-        log(f'{name}: {result.params / 1e6:.2f}M params'
+        log(f'[{done}/{len(paths)}] {name}: {result.params / 1e6:.2f}M params'
             + (f', {result.macs / 1e9:.1f} GMACs ({result.flops_seconds}s)' if result.macs is not None else ''))
         cache[name] = result
         results.append(result)

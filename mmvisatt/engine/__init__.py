@@ -9,7 +9,7 @@ from .demo import DemoSettings, to_demo_config
 from .entrypoints import (parse_test_args, parse_train_args, prepare_test, prepare_train, test_main,
                           train_main)
 from .guards import NonFiniteGuardHook, NonFiniteLossError
-from .hooks import EvalProgressHook, TrainingTraceHook
+from .hooks import EvalProgressBarHook, EvalProgressHook, TrainingTraceHook
 from .input_checks import ChannelCheckHook
 from .optimizers import LayerDecayOptimWrapperConstructor  # noqa: F401  (registers it in the root registry)
 from .reliability import AtomicCheckpointHook, ExactResumeHook, FaultInjectionHook, find_resumable_checkpoint
@@ -20,8 +20,8 @@ register_mmengine_safe_globals()
 
 __all__ = [
     'DemoSettings', 'to_demo_config', 'parse_train_args', 'parse_test_args', 'prepare_train', 'prepare_test',
-    'train_main', 'test_main', 'EvalProgressHook', 'TrainingTraceHook', 'mmengine_checkpoint_globals',
-    'register_mmengine_safe_globals', 'NonFiniteGuardHook', 'NonFiniteLossError', 'AtomicCheckpointHook',
-    'ExactResumeHook', 'FaultInjectionHook', 'find_resumable_checkpoint', 'CPUSyncBatchNorm',
-    'ChannelCheckHook'
+    'train_main', 'test_main', 'EvalProgressBarHook', 'EvalProgressHook', 'TrainingTraceHook',
+    'mmengine_checkpoint_globals', 'register_mmengine_safe_globals', 'NonFiniteGuardHook', 'NonFiniteLossError',
+    'AtomicCheckpointHook', 'ExactResumeHook', 'FaultInjectionHook', 'find_resumable_checkpoint',
+    'CPUSyncBatchNorm', 'ChannelCheckHook'
 ]
