@@ -13,4 +13,4 @@ demo: setup
 	$(PYTHON) tools/train.py configs/mask_rcnn_reswin_t_3x.py --demo --work-dir work_dirs/demo
 
 test: setup
-	$(PYTHON) -m pytest tests
+	$(PYTHON) -m pytest -n 2 tests

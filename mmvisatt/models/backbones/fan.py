@@ -149,8 +149,10 @@ class ConvNeXtBlock(nn.Module):
 
 
 class ConvNeXtStage(nn.Module):
-    def __init__(self, in_dim: int, dim: int, depth: int, downsample: bool, unbiased_norms: bool):
+    def __init__(self, in_dim: int, dim: int, depth: int, downsample: bool, unbiased_norms: bool,
+                 with_cp: bool = False):
         super().__init__()
+        self.with_cp = with_cp
         self.downsample = nn.Sequential(LayerNorm2d(in_dim, unbiased=unbiased_norms),
                                         nn.Conv2d(in_dim, dim, 2, 2)) if downsample else None
         self.blocks = nn.Sequential(*[ConvNeXtBlock(dim, unbiased_norms) for _ in range(depth)])
@@ -158,7 +160,10 @@ class ConvNeXtStage(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         if self.downsample is not None:
             x = self.downsample(x)
-        return self.blocks(x)
+        for block in self.blocks:
+            # the stem runs at strides 4 and 8, where a block's activations are the largest of the network
+            x = cp.checkpoint(block, x, use_reentrant=False) if self.with_cp and x.requires_grad else block(x)
+        return x
 
 
 class HybridEmbed(nn.Module):
@@ -171,11 +176,12 @@ class HybridEmbed(nn.Module):
     """
 
     def __init__(self, in_channels: int, dim: int, depths: Sequence[int], dims: Sequence[int],
-                 unbiased_norms: bool = True):
+                 unbiased_norms: bool = True, with_cp: bool = False):
         super().__init__()
         self.stem = nn.Sequential(nn.Conv2d(in_channels, dims[0], 4, 4), LayerNorm2d(dims[0]))
         self.stages = nn.ModuleList([
-            ConvNeXtStage(dims[max(i - 1, 0)], dims[i], depths[i], i > 0, unbiased_norms) for i in range(len(depths))
+            ConvNeXtStage(dims[max(i - 1, 0)], dims[i], depths[i], i > 0, unbiased_norms, with_cp)
+            for i in range(len(depths))
         ])
         self.proj = nn.Conv2d(dims[-1], dim, 2, 2)
 
@@ -506,7 +512,7 @@ class FAN(AttentionBackbone):
                 self.patch_embed = ConvPatchEmbed(in_channels, dim, bn)
             else:
                 self.patch_embed = HybridEmbed(in_channels, dim, arch['stem_depths'], arch['stem_dims'],
-                                               unbiased_stem_norms)
+                                               unbiased_stem_norms, with_cp)
             self.pos_embed = FourierPositionEncoding(dim, exponent=pos_exponent)
             self.pos_drop = nn.Dropout(drop_rate)
             self.blocks = nn.ModuleList([
