@@ -1,10 +1,14 @@
 """``torch.compile(backbone)`` matches eager for every backbone class, on tiny architectures.
 
-The default tier compiles with the ``aot_eager`` backend: TorchDynamo capture (graph breaks included) and
+The suite compiles with the ``aot_eager`` backend: TorchDynamo capture (graph breaks included) and
 AOTAutograd's functionalised forward and backward, without Inductor's code generation, which takes a C++
-compile per graph and about a minute per model on this CPU. Only ReViT runs in the quick tier; the other
-backbones (10-30 s each here) and the Inductor run of every backbone are marked slow.
+compile per graph and one to six minutes per model on this CPU (18 minutes for all seven, over the suite's
+budget). The Inductor run of every backbone stays available on demand, ``MMVISATT_TEST_INDUCTOR=1``; its last
+result is in docs/performance.md. Only ReViT runs in the quick tier; the other backbones (10-30 s each here)
+are marked slow.
 """
+import os
+
 import pytest
 import torch
 
@@ -74,6 +78,8 @@ def test_compile_matches_eager(name):
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get('MMVISATT_TEST_INDUCTOR'),
+                    reason='Inductor compiles take minutes per model: set MMVISATT_TEST_INDUCTOR=1')
 @pytest.mark.parametrize('name', list(TINY))
 def test_inductor_compile_matches_eager(name):
     _check_compiled_equals_eager(name, 'inductor')
