@@ -1,6 +1,7 @@
 # Runtime shared by the detection configs (mmdet 3.x conventions).
 default_scope = 'mmdet'
-custom_imports = dict(imports=['mmvisatt.models'], allow_failed_imports=False)
+# mmvisatt.models.dense_heads: SyncAvgRetinaHead (RetinaNet's head with its normaliser averaged over processes)
+custom_imports = dict(imports=['mmvisatt.models', 'mmvisatt.models.dense_heads'], allow_failed_imports=False)
 
 default_hooks = dict(
     timer=dict(type='IterTimerHook'),

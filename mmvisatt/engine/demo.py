@@ -143,6 +143,7 @@ def _detection_data(cfg: Config, settings: DemoSettings) -> None:
     scale = (settings.img_size, settings.img_size)
     train_pipeline = [
         dict(type='LoadImageFromFile'),
+        dict(type='CheckImageIntegrity'),
         dict(type='LoadAnnotations', with_bbox=True, with_mask=with_mask),
         dict(type='Resize', scale=scale, keep_ratio=True),
         dict(type='RandomFlip', prob=0.5),
@@ -150,6 +151,7 @@ def _detection_data(cfg: Config, settings: DemoSettings) -> None:
     ]
     test_pipeline = [
         dict(type='LoadImageFromFile'),
+        dict(type='CheckImageIntegrity'),
         dict(type='Resize', scale=scale, keep_ratio=True),
         dict(type='LoadAnnotations', with_bbox=True, with_mask=with_mask),
         dict(type='PackDetInputs', meta_keys=('img_id', 'img_path', 'ori_shape', 'img_shape', 'scale_factor')),
@@ -182,6 +184,7 @@ def _segmentation_data(cfg: Config, settings: DemoSettings) -> None:
         cfg.model.data_preprocessor.size = scale
     train_pipeline = [
         dict(type='LoadImageFromFile'),
+        dict(type='CheckImageIntegrity'),
         dict(type='LoadAnnotations'),
         dict(type='Resize', scale=scale, keep_ratio=True),
         dict(type='RandomFlip', prob=0.5),
@@ -189,6 +192,7 @@ def _segmentation_data(cfg: Config, settings: DemoSettings) -> None:
     ]
     test_pipeline = [
         dict(type='LoadImageFromFile'),
+        dict(type='CheckImageIntegrity'),
         dict(type='Resize', scale=scale, keep_ratio=True),
         dict(type='LoadAnnotations'),
         dict(type='PackSegInputs'),

@@ -4,6 +4,7 @@ One pair of scripts serves mmdet, mmseg and mmpretrain configs: the library is c
 ``default_scope``. Arguments follow mmdet's tools (``--resume`` with an optional path, ``--auto-scale-lr``, ...).
 """
 import argparse
+import contextlib
 import datetime
 import importlib
 import os
@@ -198,19 +199,27 @@ def check_model_files(cfg: Config) -> None:
                           'checkpoint, or use --resume (auto), which skips incomplete files.')
 
 
+@contextlib.contextmanager
+def _image_errors_explained():
+    """An image that cannot be decoded or is truncated ends the run with a :class:`CorruptImageError` naming the
+    file and the fix (not mmcv's bare assertion or a dataloader worker's traceback)."""
+    try:
+        yield
+    except (AssertionError, CorruptImageError) as error:
+        explained = explain_image_error(error)
+        if explained is None:
+            raise
+        raise explained from error
+
+
 def train_main(argv: Optional[Sequence[str]] = None) -> Runner:
     cfg = prepare_train(argv)
     check_annotations(cfg, ('train_dataloader', 'val_dataloader'))
     scope = import_task_library(cfg)
     setup_distributed(cfg)
     runner = build_runner(cfg, scope)
-    try:
+    with _image_errors_explained():
         runner.train()
-    except AssertionError as error:
-        explained = explain_image_error(error)
-        if explained is None:
-            raise
-        raise explained from error
     return runner
 
 
@@ -244,7 +253,8 @@ def test_main(argv: Optional[Sequence[str]] = None) -> dict:
     if args.out and scope == 'mmdet':
         from mmdet.evaluation import DumpDetResults
         runner.test_evaluator.metrics.append(DumpDetResults(out_file_path=args.out))
-    return runner.test()
+    with _image_errors_explained():
+        return runner.test()
 
 
 def run_tool(main: Callable[[Optional[Sequence[str]]], Any], argv: Optional[Sequence[str]] = None) -> None:

@@ -236,16 +236,30 @@ class ChannelCheckHook(Hook):
         self._install(runner)
 
 
+def truncated_image_message(path: str, problem: str) -> str:
+    return (f'Image {path} is truncated: {problem}. Replace it (download or copy it again, or re-encode the '
+            f'original), or remove it from the annotation file.')
+
+
 _FAILED_IMAGE = re.compile(r'failed to load image: (\S+)')
 
 
 def explain_image_error(error: BaseException) -> Optional[CorruptImageError]:
-    """A :class:`CorruptImageError` for mmcv's ``failed to load image: PATH`` assertion (also when re-raised from a
-    dataloader worker), else None."""
-    match = _FAILED_IMAGE.search(str(error))
-    if not isinstance(error, AssertionError) or match is None:
+    """A :class:`CorruptImageError` for mmcv's ``failed to load image: PATH`` assertion or for a
+    :class:`CorruptImageError` (``CheckImageIntegrity``), also when re-raised from a dataloader worker, else None."""
+    if isinstance(error, CorruptImageError):
+        # a worker's error arrives as 'Caught ... Original Traceback ...': keep the message, not the traceback
+        _, _, message = str(error).rpartition(f'{CorruptImageError.__name__}: ')
+        return CorruptImageError(message.strip())
+    # the last match: a worker's traceback also quotes the source line, "f'failed to load image: {filename}'"
+    paths = _FAILED_IMAGE.findall(str(error))
+    if not isinstance(error, AssertionError) or not paths:
         return None
-    path = match.group(1).rstrip("'\"")
+    path = paths[-1].rstrip("'\"")
+    from mmvisatt.datasets.transforms import image_truncation  # imports this module
+    problem = image_truncation(path) if osp.isfile(path) else None
+    if problem is not None:
+        return CorruptImageError(truncated_image_message(path, problem))
     return CorruptImageError(
         f'Image {path} cannot be decoded: the file is corrupt, truncated to nothing, or not an image. Replace it '
         f'(re-download or re-encode), or remove it from the annotation file. Grayscale and RGBA images are fine: '
@@ -254,4 +268,4 @@ def explain_image_error(error: BaseException) -> Optional[CorruptImageError]:
 
 __all__ = ['ConfigKeyError', 'AnnotationError', 'CorruptCheckpointError', 'CorruptImageError', 'check_cfg_options',
            'check_coco_annotations', 'check_annotations', 'check_checkpoint_file', 'ChannelCheckHook',
-           'explain_image_error', 'MAX_CHECKED_ANN_BYTES']
+           'explain_image_error', 'truncated_image_message', 'MAX_CHECKED_ANN_BYTES']

@@ -11,7 +11,9 @@ model = dict(
         pad_size_divisor=32),
     neck=dict(type='FPN', out_channels=256, start_level=1, add_extra_convs='on_input', num_outs=5),
     bbox_head=dict(
-        type='RetinaHead',
+        # mmdet's RetinaHead with the positive-anchor normaliser averaged over processes, so a run on N GPUs
+        # trains like one process with the whole batch; identical to RetinaHead in a single process
+        type='SyncAvgRetinaHead',
         num_classes=80,
         in_channels=256,
         stacked_convs=4,
