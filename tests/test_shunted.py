@@ -175,6 +175,72 @@ def test_with_cp_same_output_and_gradients():
     assert grads_a['stages.3.blocks.0.attn.kv.weight'].abs().sum() > 0
 
 
+def _count_calls(modules):
+    calls = {name: 0 for name in modules}
+
+    def hook(name):
+        def count(module, args):
+            calls[name] += 1
+        return count
+
+    # pre-hooks: the recomputation stops as soon as it has what the backward needs, before forward hooks run
+    for name, module in modules.items():
+        module.register_forward_pre_hook(hook(name))
+    return calls
+
+
+def _train_step(model, xs):
+    model.train()
+    outs = [model(x) for x in xs]
+    sum(o.pow(2).mean() for out in outs for o in out).backward()
+    return outs
+
+
+@pytest.mark.parametrize('forwards', [1, 2])
+def test_with_cp_recomputes_the_stem_but_updates_batchnorm_statistics_once(forwards):
+    # two forward passes before one backward (gradient accumulation in one graph) must keep both updates
+    arch = dict(TINY, num_conv=1)
+    torch.manual_seed(0)
+    plain = ShuntedTransformer(arch=arch, drop_path_rate=0.).double()
+    ckpt = ShuntedTransformer(arch=arch, drop_path_rate=0., with_cp=True).double()
+    ckpt.load_state_dict(plain.state_dict())
+    xs = [torch.randn(2, 3, 64, 70, dtype=torch.float64) * (i + 1) for i in range(forwards)]
+    calls = {}
+    for name, model in (('plain', plain), ('ckpt', ckpt)):
+        calls[name] = _count_calls({'stem bn': model.stages[0].patch_embed.convs[1].bn,
+                                    'embed 1': model.stages[1].patch_embed})
+    outs_a, outs_b = _train_step(plain, xs), _train_step(ckpt, xs)
+
+    # the stem (with its BatchNorms) and the patch embeddings ran again in the backward pass
+    assert calls['plain'] == {'stem bn': forwards, 'embed 1': forwards}
+    assert calls['ckpt'] == {'stem bn': 2 * forwards, 'embed 1': 2 * forwards}
+    for out_a, out_b in zip(outs_a, outs_b):
+        assert all(torch.equal(a, b) for a, b in zip(out_a, out_b))
+    grads_a = {n: p.grad for n, p in plain.named_parameters()}
+    grads_b = {n: p.grad for n, p in ckpt.named_parameters()}
+    assert grads_a.keys() == grads_b.keys()
+    for name in grads_a:
+        torch.testing.assert_close(grads_b[name], grads_a[name], rtol=1e-12, atol=1e-14, msg=name)
+    assert grads_a['stages.0.patch_embed.convs.0.conv.weight'].abs().sum() > 0
+    buffers_a, buffers_b = dict(plain.named_buffers()), dict(ckpt.named_buffers())
+    assert buffers_a.keys() == buffers_b.keys() and len(buffers_a) == 6  # two stem BatchNorms
+    for name in buffers_a:
+        assert torch.equal(buffers_a[name], buffers_b[name]), name
+    assert ckpt.stages[0].patch_embed.convs[0].bn.num_batches_tracked.item() == forwards
+
+
+def test_with_cp_leaves_inference_and_a_frozen_stem_alone():
+    model = _tiny(with_cp=True, frozen_stages=0)
+    calls = _count_calls({'stem': model.stages[0].patch_embed, 'embed 1': model.stages[1].patch_embed})
+    _train_step(model, [torch.randn(1, 3, 32, 32)])
+    # nothing of the frozen stem needs a gradient, so nothing is kept for it and it runs once
+    assert calls == {'stem': 1, 'embed 1': 2}
+    model.eval()
+    with torch.no_grad():
+        model(torch.randn(1, 3, 32, 32))
+    assert calls == {'stem': 2, 'embed 1': 3}
+
+
 def test_frozen_stages():
     model = _tiny(frozen_stages=0).train()
     assert not any(p.requires_grad for p in model.stages[0].patch_embed.parameters())

@@ -18,8 +18,9 @@ Odd input sizes (``odd_size``):
 Both are identical when the stage-1 map is divisible by the largest rate, e.g. for inputs padded to a multiple of
 32 (mmdet's ``Pad(size_divisor=32)``) with the official rates.
 """
+import contextlib
 import re
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
@@ -45,6 +46,35 @@ def shunted_rates(sr_ratio: int) -> Tuple[int, ...]:
     if sr_ratio < 1 or sr_ratio % 2:
         raise ValueError(f'sr_ratio must be 1 or even (coarse rate r, fine rate r / 2), got {sr_ratio}')
     return sr_ratio, sr_ratio // 2
+
+
+@contextlib.contextmanager
+def _buffers_restored(module: nn.Module) -> Iterator[None]:
+    """Leave every buffer of ``module`` as it was on entry (the running statistics of its BatchNorms)."""
+    saved = [(buf, buf.clone()) for buf in module.buffers()]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for buf, value in saved:
+                buf.copy_(value)
+
+
+def checkpoint_keeping_buffers(module: nn.Module, *args):
+    """``module(*args)`` under activation checkpointing, its recomputation without side effects on buffers.
+
+    A BatchNorm in training mode normalises with the batch statistics, so its recomputed output equals the
+    first one, but each call also updates ``running_mean`` / ``running_var`` / ``num_batches_tracked``; a plain
+    checkpoint would update them twice per step. The recomputation runs between snapshot and restore instead,
+    so only the first call counts. Restoring what the buffers held when the recomputation started (rather than
+    what they held before the first call) also keeps the updates of several forward passes before one backward.
+    """
+    if torch.compiler.is_compiling():
+        # compiled graphs apply each buffer mutation once and recompute only pure ops in the backward graph
+        # (and checkpoint accepts no other context_fn there)
+        return cp.checkpoint(module, *args, use_reentrant=False)
+    return cp.checkpoint(module, *args, use_reentrant=False,
+                         context_fn=lambda: (contextlib.nullcontext(), _buffers_restored(module)))
 
 
 class DetailSpecificFFN(nn.Module):
@@ -137,7 +167,12 @@ class ShuntedStage(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """(B, C_in, H, W) -> normalised (B, C, h, w)."""
-        x, size = self.patch_embed(x)
+        # the image does not require grad, so the stem is checkpointed whenever its own parameters train
+        if self.with_cp and torch.is_grad_enabled() and (
+                x.requires_grad or any(p.requires_grad for p in self.patch_embed.parameters())):
+            x, size = checkpoint_keeping_buffers(self.patch_embed, x)
+        else:
+            x, size = self.patch_embed(x)
         for block in self.blocks:
             if self.with_cp and x.requires_grad:
                 x = cp.checkpoint(block, x, size, use_reentrant=False)
@@ -167,7 +202,8 @@ class ShuntedTransformer(AttentionBackbone):
         out_indices: stages whose normalised outputs are returned, strides 4/8/16/32.
         frozen_stages: -1 freezes nothing, 0 the stem, k >= 1 the stem and stages 0..k-1 (with their norms).
         norm_eval: keep normalisation layers (the stem BatchNorms) in eval mode while training.
-        with_cp: activation checkpointing per block.
+        with_cp: activation checkpointing of every block and patch embedding (the stem included; its BatchNorm
+            running statistics are updated once per forward pass, as without it).
     """
     arch_zoo: Dict[str, dict] = {
         't': dict(embed_dims=(64, 128, 256, 512), depths=(1, 2, 4, 1), num_heads=(2, 4, 8, 16),
