@@ -146,3 +146,49 @@ def test_presets_resolve_without_pretraining_or_syncbn():
     assert resolved.is_backbone and resolved.cfg['type'] == 'FAN' and resolved.cfg['arch'] == 'hybrid_t'
     assert resolved.cfg['init_cfg'] is None and resolved.cfg['norm_cfg']['type'] == 'BN'
     assert resolved.cfg['with_cp'] is True
+
+
+def _fast_path_ratios():
+    """tools/analysis/fast_path_ratios.py as a module (tools/ is not a package)."""
+    import importlib.util
+    import os.path as osp
+    path = osp.join(osp.dirname(osp.dirname(osp.abspath(__file__))), 'tools', 'analysis', 'fast_path_ratios.py')
+    spec = importlib.util.spec_from_file_location('fast_path_ratios', path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_reswin_detector_against_swin(tiny_det_config, tmp_path, capsys):
+    tool = _fast_path_ratios()
+    config = tmp_path / 'mask_rcnn_reswin_tiny_few_boxes.py'
+    config.write_text(f'_base_ = [{tiny_det_config!r}]\n'
+                      'model = dict(test_cfg=dict(rpn=dict(max_per_img=20), rcnn=dict(max_per_img=5)))\n')
+    reswin, swin, batch, shared = tool.build_detector_pair(str(config), (64, 96))
+    assert type(swin.backbone).__name__ == 'SwinTransformer'
+    assert swin.backbone.stages[0].blocks[0].attn.w_msa.num_heads == 1
+    assert [len(stage.blocks) for stage in swin.backbone.stages] == [1, 1, 1, 1]
+    ours, theirs = reswin.state_dict(), swin.state_dict()
+    # everything but the backbone is shared, so the comparison times the backbones' difference only
+    outside = [k for k in theirs if not k.startswith('backbone.')]
+    assert outside and set(outside) <= set(shared)
+    assert all(torch.equal(ours[k], theirs[k]) for k in shared)
+    assert [tuple(img.shape) for img in batch['inputs']] == [(3, 64, 96)]
+    threads = torch.get_num_threads()
+    try:
+        ta, tb = tool.main(['reswin-det', '--config', str(config), '--shape', '64', '96', '--repeats', '1',
+                            '--warmup', '0', '--clock', 'cpu'])
+    finally:
+        torch.set_num_threads(threads)
+    out = capsys.readouterr().out
+    assert ta > 0 and tb > 0 and 'cpu clock' in out and 'detections in the last pass' in out
+
+
+def test_remvit_pair_takes_a_non_square_input(capsys):
+    """timm's MViTv2 asserts a square img_size; the tool builds it square at the longer side."""
+    threads = torch.get_num_threads()
+    try:
+        ta, tb = _fast_path_ratios().main(['remvit', '--shape', '32', '64', '--repeats', '1', '--warmup', '0'])
+    finally:
+        torch.set_num_threads(threads)
+    assert ta > 0 and tb > 0 and '32x64' in capsys.readouterr().out

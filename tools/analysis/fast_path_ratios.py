@@ -1,16 +1,26 @@
-"""Latency ratio of two backbones measured pass by pass in one process (the method of docs/performance.md).
+"""Latency ratio of two models measured pass by pass in one process (the method of docs/performance.md).
 
 Pairs:
   fast-path FAMILY ARCH   explicit-softmax reference path / fast path of RMT, EVT, FAN or ShuntedTransformer,
                           same weights (the reference model gets the fast model's state_dict)
   reswin                  ReSwinTransformer(arch='t') / mmdet SwinTransformer with the Swin-T shape
+  reswin-det              a whole detector config with a ReSwin backbone (--config, default
+                          configs/mask_rcnn_reswin_t_1x.py) / the same detector with mmdet's SwinTransformer of
+                          the same shape in its place; every tensor the two share (neck, heads, output norms)
+                          gets the ReSwin model's values. A pass is the config's test_step (preprocessing,
+                          prediction, post-processing) on one synthetic image.
   remvit                  ReMViTv2(arch='t') / timm mvitv2_tiny (forward_features)
 
 The two forward passes (eval, no grad) alternate, so load from other processes hits both; the ratio of medians
 is printed. Example:
   python tools/analysis/fast_path_ratios.py fast-path RMT t --shape 800 1216 --repeats 3 --warmup 1 --threads 1
+  python tools/analysis/fast_path_ratios.py reswin-det --shape 800 1216 --repeats 3 --warmup 1 --threads 1
+With --clock cpu the times are the process's CPU time instead of elapsed time: on a machine shared with other
+jobs that leaves out the waits for a core (memory-bandwidth contention remains), so the ratio scatters less.
 """
 import argparse
+import inspect
+import os.path as osp
 import statistics
 import time
 
@@ -21,6 +31,11 @@ import mmvisatt.models  # noqa: F401  (registers the backbones)
 
 SWITCHES = {'RMT': ('fused_attention', True, False), 'EVT': ('fused_attention', True, False),
             'FAN': ('fused_attn', True, False), 'ShuntedTransformer': ('attn_impl', 'sdpa', 'explicit')}
+DET_CONFIG = osp.join(osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))), 'configs',
+                      'mask_rcnn_reswin_t_1x.py')
+# ReSwinTransformer arguments that mmdet's SwinTransformer takes under the same name and meaning
+SWIN_SHARED_ARGS = ('in_channels', 'patch_size', 'window_size', 'mlp_ratio', 'qkv_bias', 'drop_rate',
+                    'attn_drop_rate', 'drop_path_rate', 'out_indices', 'frozen_stages', 'with_cp')
 
 
 class TimmFeatures(torch.nn.Module):
@@ -34,9 +49,52 @@ class TimmFeatures(torch.nn.Module):
         return self.model.forward_features(x)
 
 
+def swin_like(reswin_cfg: dict) -> dict:
+    """The mmdet ``SwinTransformer`` config with the shape and settings of a ``ReSwinTransformer`` config
+    (unset arguments take ReSwin's defaults, so both sides agree even where the two classes' defaults differ)."""
+    from mmvisatt.models.backbones.revit import ReSwinTransformer
+    defaults = {name: p.default for name, p in inspect.signature(ReSwinTransformer).parameters.items()}
+    arch = ReSwinTransformer._resolve_arch(reswin_cfg.get('arch', defaults['arch']))
+    cfg = dict(type='mmdet.SwinTransformer', embed_dims=arch['embed_dims'], depths=tuple(arch['depths']),
+               num_heads=tuple(arch['num_heads']), **{k: reswin_cfg.get(k, defaults[k]) for k in SWIN_SHARED_ARGS})
+    cfg['strides'] = (cfg['patch_size'], 2, 2, 2)[:len(cfg['depths'])]
+    # mmdet sizes its MLP as mlp_ratio * embed_dims, which must come out an int
+    if float(cfg['mlp_ratio']).is_integer():
+        cfg['mlp_ratio'] = int(cfg['mlp_ratio'])
+    return cfg
+
+
+def build_detector_pair(config: str, shape, seed: int = 0):
+    """(ReSwin detector, Swin detector, batch, names of the tensors copied from the first to the second)."""
+    from mmvisatt.analysis.benchmark import BenchmarkSettings, ModelSpec, build_model, det_batch, resolve
+    resolved = resolve(ModelSpec(config), shape=tuple(shape))
+    backbone = resolved.cfg.get('backbone') or {}
+    if backbone.get('type') != 'ReSwinTransformer':
+        raise SystemExit(f'reswin-det needs a config whose model.backbone is a ReSwinTransformer, got '
+                         f'{backbone.get("type")!r} in {config}')
+    torch.manual_seed(seed)
+    reswin = build_model(resolved, 'ReSwin detector')
+    resolved.cfg = dict(resolved.cfg, backbone=swin_like(backbone))
+    swin = build_model(resolved, 'Swin detector')
+    theirs = swin.state_dict()
+    shared = {k: v for k, v in reswin.state_dict().items() if k in theirs and theirs[k].shape == v.shape}
+    swin.load_state_dict(shared, strict=False)
+    batch = det_batch(reswin, BenchmarkSettings(shape=tuple(shape), seed=seed))
+    return reswin, swin, batch, sorted(shared)
+
+
 def build_pair(args):
-    """(A, B, label A, label B): the ratio printed is time(A) / time(B)."""
+    """(A, B, label A, label B, run): the ratio printed is time(A) / time(B); ``run(model)`` is one pass."""
     torch.manual_seed(args.seed)
+    if args.pair == 'reswin-det':
+        reswin, swin, batch, shared = build_detector_pair(args.config, args.shape, args.seed)
+        not_shared = [k for k in swin.state_dict() if not k.startswith('backbone.') and k not in shared]
+        if not_shared:
+            raise SystemExit(f'the Swin detector has parts the ReSwin one lacks: {not_shared[:5]}')
+        print(f'{len(shared)} tensors shared (every one outside the backbone, and the output norms)')
+        return reswin, swin, 'ReSwin detector', 'Swin detector', lambda model: model.test_step(batch)
+    x = torch.randn(1, 3, *args.shape)
+    run = lambda model: model(x)  # noqa: E731
     if args.pair == 'fast-path':
         if args.family not in SWITCHES:
             raise SystemExit(f'fast-path needs a family of {sorted(SWITCHES)}, got {args.family!r}')
@@ -44,45 +102,61 @@ def build_pair(args):
         fast_model = MODELS.build(dict(type=args.family, arch=args.arch, **{switch: fast}))
         reference_model = MODELS.build(dict(type=args.family, arch=args.arch, **{switch: reference}))
         reference_model.load_state_dict(fast_model.state_dict())
-        return reference_model, fast_model, f'{switch}={reference}', f'{switch}={fast}'
+        return reference_model, fast_model, f'{switch}={reference}', f'{switch}={fast}', run
     if args.pair == 'reswin':
         from mmdet.models.backbones import SwinTransformer
         swin = SwinTransformer(embed_dims=96, depths=(2, 2, 6, 2), num_heads=(3, 6, 12, 24), window_size=7)
-        return MODELS.build(dict(type='ReSwinTransformer', arch='t')), swin, 'ReSwin-T', 'mmdet Swin-T'
-    return (MODELS.build(dict(type='ReMViTv2', arch='t')), TimmFeatures('mvitv2_tiny', tuple(args.shape)),
-            'ReMViTv2-T', 'timm mvitv2_tiny')
+        return MODELS.build(dict(type='ReSwinTransformer', arch='t')), swin, 'ReSwin-T', 'mmdet Swin-T', run
+    # timm's MViTv2 sizes its relative-position tables for a square grid (it asserts img_size is square) but
+    # reads the grid from the input, so a square model of the longer side covers a non-square input; the
+    # tables' extra rows are never read and the compute is that of the actual input
+    side = max(args.shape)
+    return (MODELS.build(dict(type='ReMViTv2', arch='t')), TimmFeatures('mvitv2_tiny', (side, side)),
+            'ReMViTv2-T', 'timm mvitv2_tiny', run)
 
 
-def main():
+def main(argv=None):
+    """Parse, measure, print; returns (median ms of A, median ms of B)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument('pair', choices=['fast-path', 'reswin', 'remvit'])
+    parser.add_argument('pair', choices=['fast-path', 'reswin', 'reswin-det', 'remvit'])
     parser.add_argument('family', nargs='?', help='fast-path: RMT, EVT, FAN or ShuntedTransformer')
     parser.add_argument('arch', nargs='?', help='fast-path: arch preset (t, hybrid_t, ...)')
+    parser.add_argument('--config', default=DET_CONFIG, help='reswin-det: detector config with a ReSwin backbone')
     parser.add_argument('--shape', type=int, nargs=2, default=[224, 224], metavar=('H', 'W'))
     parser.add_argument('--repeats', type=int, default=7)
     parser.add_argument('--warmup', type=int, default=2)
     parser.add_argument('--threads', type=int, default=1)
     parser.add_argument('--seed', type=int, default=0)
-    args = parser.parse_args()
+    parser.add_argument('--clock', choices=['wall', 'cpu'], default='wall',
+                        help="wall: elapsed time; cpu: this process's CPU time, which leaves out the time other "
+                        "processes hold the core (with one thread nothing else runs in parallel)")
+    args = parser.parse_args(argv)
     if args.pair == 'fast-path' and not (args.family and args.arch):
         parser.error('fast-path needs FAMILY and ARCH, e.g. "fast-path RMT t"')
     torch.set_num_threads(args.threads)
-    a, b, label_a, label_b = build_pair(args)
+    a, b, label_a, label_b, run = build_pair(args)
     # mmdet's SwinTransformer.train() returns None, so no chained .eval()
     a.eval()
     b.eval()
-    x = torch.randn(1, 3, *args.shape)
-    times = ([], [])
+    clock = time.perf_counter if args.clock == 'wall' else time.process_time
+    times, outputs = ([], []), [None, None]
     with torch.no_grad():
         for i in range(args.warmup + args.repeats):
-            for model, bucket in zip((a, b), times):
-                start = time.perf_counter()
-                model(x)
+            for j, model in enumerate((a, b)):
+                start = clock()
+                outputs[j] = run(model)
                 if i >= args.warmup:
-                    bucket.append(time.perf_counter() - start)
+                    times[j].append(clock() - start)
     ta, tb = (statistics.median(t) * 1e3 for t in times)
-    print(f'{args.shape[0]}x{args.shape[1]}, {args.threads} thread(s), {args.repeats} repeats: '
+    print(f'{args.shape[0]}x{args.shape[1]}, {args.threads} thread(s), {args.clock} clock, {args.repeats} repeats: '
           f'{label_a} {ta:.1f} ms, {label_b} {tb:.1f} ms, ratio {ta / tb:.3f}')
+    # the pass-by-pass ratios show how far load from other processes moved the median
+    print('per pass (ms): ' + ', '.join(f'{x * 1e3:.0f}/{y * 1e3:.0f}' for x, y in zip(*times)))
+    if args.pair == 'reswin-det':
+        # the mask head runs once per kept box, so unequal detection counts would make the shared part unequal
+        print('detections in the last pass: ' + ', '.join(
+            f'{label} {len(out[0].pred_instances)}' for label, out in zip((label_a, label_b), outputs)))
+    return ta, tb
 
 
 if __name__ == '__main__':

@@ -22,7 +22,8 @@ from timm.layers import DropPath, Mlp
 from torch import Tensor
 
 from mmvisatt.checkpoint import register_converter
-from ..layers.spatial_decay import SpatialDecay, TokenGroups, decayed_attention, group_tokens, ungroup_tokens
+from ..layers.spatial_decay import (SpatialDecay, TokenGroups, decayed_attention, group_tokens,
+                                    grouped_attention_fused, ungroup_tokens)
 from .revit import PatchEmbed, PatchMerging
 from .rmt import ConvDownsample, ConvStem, RetentiveBlock, DecayBackbone
 
@@ -63,6 +64,8 @@ class EuclideanSelfAttention(nn.Module):
         if groups is None:
             q, k, v = (t.reshape(B, H * W, heads, -1).transpose(1, 2) for t in (q, k, v))
             out = decayed_attention(q, k, v, bias, self.fused).transpose(1, 2)
+        elif self.fused:
+            out = grouped_attention_fused(*(t.reshape(B, H * W, C) for t in (q, k, v)), bias, groups, heads)
         else:
             # (B, G, g, heads, d) -> (B, heads * G, g, d): each (head, group) pair is one attention problem
             q, k, v = (group_tokens(t.reshape(B, H * W, C), groups).unflatten(-1, (heads, -1))
@@ -100,6 +103,7 @@ class EVTStage(nn.Module):
         self.with_cp = with_cp
         self.group_size = group_size
         self.decay = SpatialDecay(num_heads, init_value, heads_range)
+        self._context_cache = None
         self.modes = ['full' if full else ('grouped', 'dilated')[i % 2] for i in range(depth)]
         self.blocks = nn.ModuleList()
         for mode, rate in zip(self.modes, drop_path):
@@ -115,6 +119,23 @@ class EVTStage(nn.Module):
             self.downsample = ConvDownsample(dim, out_dim) if style == 'rmt' else PatchMerging(dim, out_dim)
 
     def context(self, height: int, width: int, dtype: torch.dtype) -> Dict[str, tuple]:
+        """Per mode, what its blocks take besides x: the bias (and the grouping). The biases are as large as the
+        attention maps (tens of MB per stage at detection sizes) and took 6% of EVT-T's forward to rebuild, so the
+        last one is kept; holding the decay tensor itself in the key (not its id) means a replaced or reloaded
+        buffer can never match a stale entry."""
+        log_gamma = self.decay.log_gamma
+        # tensors made under inference_mode cannot enter autograd later, so they are kept apart
+        key = (height, width, dtype, log_gamma._version, torch.is_inference_mode_enabled())
+        cached = self._context_cache
+        if cached is not None and cached[0] is log_gamma and cached[1] == key:
+            return cached[2]
+        context = self._build_context(height, width, dtype)
+        # Dynamo would have to guard on the cache; a compiled graph rebuilds the biases inside the graph instead
+        if not torch.compiler.is_compiling():
+            self._context_cache = (log_gamma, key, context)
+        return context
+
+    def _build_context(self, height: int, width: int, dtype: torch.dtype) -> Dict[str, tuple]:
         context = {}
         for mode in set(self.modes):
             if mode == 'full':

@@ -5,8 +5,9 @@ from .residual_attention import (PooledScores, TokenGrid, WindowScores, align_by
                                  align_pooled_by_position, align_pooled_official, mix_scores, regrid_by_position)
 from .shunted_attention import HeadGroupKV, ShuntedAttention
 from .simple_pyramid import SimpleFeaturePyramid
-from .spatial_decay import (SpatialDecay, TokenGroups, decay_bias, decayed_attention, grid_distance, group_bias,
-                            group_tokens, head_decay_rates, line_distance, token_groups, ungroup_tokens)
+from .spatial_decay import (GroupRun, SpatialDecay, TokenGroups, decay_bias, decayed_attention, grid_distance,
+                            group_bias, group_runs, group_tokens, grouped_attention_fused, head_decay_rates,
+                            line_distance, token_groups, ungroup_tokens)
 from .window import (WindowGrid, merge_windows, partition_windows, relative_position_index,
                      window_attention_mask, window_partition, window_reverse)
 
@@ -14,7 +15,8 @@ __all__ = [
     'PoolingResidualAttention', 'add_decomposed_rel_pos', 'relative_position_embeddings', 'PooledScores',
     'TokenGrid', 'WindowScores', 'align_by_position', 'align_by_slot', 'align_pooled_by_position',
     'align_pooled_official', 'mix_scores', 'regrid_by_position', 'SimpleFeaturePyramid', 'SpatialDecay',
-    'TokenGroups', 'decay_bias', 'decayed_attention', 'grid_distance', 'group_bias', 'group_tokens',
+    'TokenGroups', 'GroupRun', 'decay_bias', 'decayed_attention', 'grid_distance', 'group_bias', 'group_runs',
+    'group_tokens', 'grouped_attention_fused',
     'head_decay_rates', 'line_distance', 'token_groups', 'ungroup_tokens', 'WindowGrid',
     'merge_windows', 'partition_windows', 'relative_position_index', 'window_attention_mask', 'window_partition',
     'window_reverse', 'HeadGroupKV', 'ShuntedAttention', 'ConvValueMlp', 'DepthwiseConvBlock',
