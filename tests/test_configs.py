@@ -1,6 +1,6 @@
-"""Every task config (discovered, not listed) loads, matches its template, builds its backbone in its library's
-scope and feeds its neck / heads the channels the backbone really produces; one config per recipe and backbone
-form builds whole, trains a step on a tiny synthetic batch and applies its recipe's weight-decay rules."""
+"""Every task config (discovered, not listed) loads, matches its template, builds whole in its library's scope
+(backbone one block per stage), feeds its neck / heads the channels the backbone really produces and trains a step
+on a tiny synthetic batch; one config per recipe and backbone form also applies its recipe's weight-decay rules."""
 import glob
 import logging
 import os.path as osp
@@ -165,34 +165,20 @@ def _build(path: str):
 
 
 @pytest.mark.parametrize('path', CONFIG_FILES, ids=osp.basename)
-def test_config_backbone_builds_and_wires(path):
-    """Every config loads in its library's scope, its backbone builds, and its neck / heads read the channels the
-    backbone really produces. The rest of a config is its recipe's, built and trained by
-    ``test_config_trains_one_step`` for one backbone of each form."""
-    cfg = _load(path)
-    _shallow(cfg)
-    scope = _scope_of(path)
-    assert cfg.default_scope == scope
-    assert cfg.custom_imports == _custom_imports(scope)
-    init_default_scope(scope)
-    from mmengine.registry import MODELS
-    with DefaultScope.overwrite_default_scope(scope):
-        backbone = MODELS.build(cfg.model.backbone).eval()
-    with torch.no_grad():
-        feats = backbone(torch.zeros(1, 3, 64, 64))
-    assert [f.shape[1] for f in feats] == _consumers(cfg), 'neck/head in_channels != backbone outputs'
-
-
-@pytest.mark.parametrize('path', sorted(p for p in CONFIG_FILES if osp.basename(p) in REPRESENTATIVES),
-                         ids=osp.basename)
-def test_config_trains_one_step(path):
-    """One training step on a tiny synthetic batch: finite losses, finite gradients, and a gradient for every
-    trainable backbone parameter (DDP stops otherwise; find_unused_parameters is off), and the recipe's
-    weight-decay rules (a family's presets share them)."""
+def test_config_builds_wires_and_trains_one_step(path):
+    """Every config loads in its library's scope, builds whole, feeds its neck / heads the channels the backbone
+    really produces, and trains a step on a tiny synthetic batch: finite losses, finite gradients, and a gradient
+    for every trainable backbone parameter (DDP stops otherwise; find_unused_parameters is off). One config per
+    recipe and backbone form also checks the recipe's weight-decay rules (the presets of a form share them)."""
     cfg, scope, model = _build(path)
     model.train()
+    outputs = []
+    hook = model.backbone.register_forward_hook(lambda module, args, output: outputs.append(output))
     with DefaultScope.overwrite_default_scope(scope):
         losses = STEPS[scope](model)
+    hook.remove()
+    feats = outputs[0] if isinstance(outputs[0], (list, tuple)) else [outputs[0]]
+    assert [f.shape[1] for f in feats] == _consumers(cfg), 'neck/head in_channels != backbone outputs'
     total, _ = model.parse_losses(losses)
     assert torch.isfinite(total)
     total.backward()
@@ -200,7 +186,8 @@ def test_config_trains_one_step(path):
     assert grads and all(torch.isfinite(g).all() for g in grads)
     unused = [n for n, p in model.backbone.named_parameters() if p.requires_grad and p.grad is None]
     assert not unused, unused[:5]
-    _check_decay_rules(cfg, model)
+    if osp.basename(path) in REPRESENTATIVES:
+        _check_decay_rules(cfg, model)
 
 
 def _check_decay_rules(cfg: Config, model) -> None:
