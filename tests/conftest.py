@@ -59,6 +59,9 @@ def demo_det_run(tiny_det_config, tmp_path_factory) -> str:
     iteration and of two validations (iterations 0 and 3, on 2 of the demo's validation images)."""
     from mmvisatt.engine import train_main
     work_dir = str(tmp_path_factory.mktemp('demo_det_run'))
+    # a visualizer of its own: the configs name theirs 'visualizer', and a Runner reuses an instance of that name
+    # made by an earlier run in this process, logging to that run's folder instead of this one's
     train_main([tiny_det_config, '--demo', '--work-dir', work_dir, '--cfg-options', 'train_cfg.max_iters=3',
-                'default_hooks.logger.interval=1', 'val_dataloader.dataset.indices=2'])
+                'default_hooks.logger.interval=1', 'val_dataloader.dataset.indices=2',
+                'visualizer.name=demo_det_run'])
     return work_dir

@@ -3,6 +3,7 @@ recipe from scratch on the generated data, evaluates COCO bbox and segm mAP befo
 checkpoint; the trained model must be clearly better than the one it started from."""
 import glob
 import json
+import os
 import os.path as osp
 import subprocess
 import time
@@ -24,7 +25,9 @@ def test_demo_trains_evaluates_and_saves(tmp_path, python):
     start = time.monotonic()
     proc = subprocess.run([python, osp.join(REPO, 'tools', 'train.py'), osp.join(CONFIGS, 'mask_rcnn_reswin_t_3x.py'),
                            '--demo', '--work-dir', str(work_dir)],
-                          cwd=str(tmp_path), capture_output=True, text=True, timeout=2400)  # 9 min on a quiet machine
+                          cwd=str(tmp_path), capture_output=True, text=True, timeout=2400,  # 9 min on a quiet machine
+                          # every core (conftest gives xdist workers a share): this is the suite's longest test
+                          env=dict(os.environ, OMP_NUM_THREADS=str(len(os.sched_getaffinity(0)))))
     minutes = (time.monotonic() - start) / 60
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 

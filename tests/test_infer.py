@@ -44,7 +44,8 @@ def test_inference_config_drops_pretrained_and_annotations():
     cfg = inference_config(MASK_3X)
     assert cfg.model.backbone.init_cfg is None  # checkpoints/reswin_tiny_...pth need not exist for inference
     assert cfg.model.roi_head.bbox_head.num_classes == 80
-    assert [t.type for t in cfg.test_dataloader.dataset.pipeline] == ['LoadImageFromFile', 'Resize', 'PackDetInputs']
+    assert [t.type for t in cfg.test_dataloader.dataset.pipeline] == ['LoadImageFromFile', 'CheckImageIntegrity',
+                                                                      'Resize', 'PackDetInputs']
     assert 'vis_backends' not in cfg.visualizer
     demo = inference_config(MASK_3X, demo=True, cfg_options={'model.test_cfg.rcnn.max_per_img': 7})
     assert demo.model.roi_head.bbox_head.num_classes == demo.model.roi_head.mask_head.num_classes == 3
