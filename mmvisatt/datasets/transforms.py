@@ -58,7 +58,8 @@ def image_truncation(path: str, backend_args: Optional[dict] = None) -> Optional
         if data.rfind(_JPEG_EOI) > data.rfind(_JPEG_SOS) >= 0:
             return None
         return (f'the JPEG file ({len(data)} bytes) ends inside its compressed image data, without the '
-                f'end-of-image marker, so part of the picture is missing (OpenCV would fill it with grey)')
+                f'end-of-image marker, so part of the picture is missing (decoders that accept such a file fill '
+                f'that part with grey)')
     if head.startswith(_PNG_SIGNATURE):
         if _PNG_IEND in tail or _PNG_IEND in whole():
             return None
