@@ -192,3 +192,16 @@ def test_remvit_pair_takes_a_non_square_input(capsys):
     finally:
         torch.set_num_threads(threads)
     assert ta > 0 and tb > 0 and '32x64' in capsys.readouterr().out
+
+
+def test_reswin_pair_builds_swin_from_the_reswin_config(capsys):
+    """The Swin side of ``reswin`` is derived from ReSwin-T's settings (``swin_like``), not written out."""
+    tool = _fast_path_ratios()
+    swin_cfg = tool.swin_like(dict(type='ReSwinTransformer', arch='t'))
+    assert (swin_cfg['embed_dims'], swin_cfg['depths'], swin_cfg['num_heads']) == (96, (2, 2, 6, 2), (3, 6, 12, 24))
+    threads = torch.get_num_threads()
+    try:
+        ta, tb = tool.main(['reswin', '--shape', '32', '32', '--repeats', '1', '--warmup', '0'])
+    finally:
+        torch.set_num_threads(threads)
+    assert ta > 0 and tb > 0 and 'mmdet Swin-T' in capsys.readouterr().out

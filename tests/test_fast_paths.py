@@ -1,14 +1,15 @@
 """Every backbone's fast attention path equals its explicit-softmax reference path, in one place.
 
 The families switch paths by a constructor argument (RMT/EVT ``fused_attention``, FAN ``fused_attn``, Shunted
-``attn_impl``); both models of a case share the same weights. The ReViT family (ReViT, ReSwinTransformer,
-ReMViTv2) has a single path: every layer's mixed scores are carried to the next layer, so they are materialised
-whatever kernel computes the softmax, and there is no second path to compare.
+``attn_impl``); both models of a case share the same weights. The ReViT family carries every layer's mixed
+scores to the next layer, so they are materialised whatever kernel computes the softmax: ReSwinTransformer has a
+single path, and the lean score path of ReViT and ReMViTv2 is compared with its plain composition in
+``test_score_memory.py``.
 """
 import pytest
 import torch
 
-from mmvisatt.models.backbones import EVT, FAN, RMT, ShuntedTransformer
+from mmvisatt.models.backbones import EVT, FAN, RMT, ReMViTv2, ReViT, ShuntedTransformer
 
 SMALL = dict(embed_dims=(16, 32, 32, 64), num_heads=(2, 2, 4, 4))
 CASES = {
@@ -69,3 +70,29 @@ def test_fast_path_gradients_equal_reference(name):
     assert grads[0].keys() == grads[1].keys() and grads[0]
     for key in grads[0]:
         torch.testing.assert_close(grads[0][key], grads[1][key], rtol=1e-7, atol=1e-9, msg=key)
+
+
+STREAM_CASES = {
+    **{name: (cls, kwargs) for name, (cls, kwargs, _, _) in CASES.items()},
+    'revit': (ReViT, dict(arch=dict(embed_dims=32, depth=2, num_heads=2))),
+    'remvit': (ReMViTv2, dict(arch=dict(embed_dims=16, depths=(1, 1, 1, 1), num_heads=1))),
+}
+
+
+@pytest.mark.parametrize('name', list(STREAM_CASES))
+def test_block_inputs_are_contiguous_tokens(name):
+    """The residual stream reaches every block norm as contiguous channels-last tokens. A permuted conv output
+    (NCHW memory read as (B, H, W, C)) is a valid input, and the same numbers come out, but every add inherits its
+    layout and every norm and projection of the stage then works across strides: EVT-T at 800x1216 spent a
+    quarter of its forward that way."""
+    cls, kwargs = STREAM_CASES[name]
+    model = cls(**kwargs).eval()
+    strided = []
+    norms = [(n, m) for n, m in model.named_modules()
+             if isinstance(m, torch.nn.LayerNorm) and 'blocks' in n and n.rsplit('.', 1)[-1] in ('norm1', 'norm2')]
+    assert norms
+    for n, m in norms:
+        m.register_forward_pre_hook(lambda mod, args, n=n: strided.append(n) if not args[0].is_contiguous() else None)
+    with torch.no_grad():
+        model(torch.randn(1, 3, 70, 45))
+    assert not strided

@@ -3,7 +3,7 @@
 Pairs:
   fast-path FAMILY ARCH   explicit-softmax reference path / fast path of RMT, EVT, FAN or ShuntedTransformer,
                           same weights (the reference model gets the fast model's state_dict)
-  reswin                  ReSwinTransformer(arch='t') / mmdet SwinTransformer with the Swin-T shape
+  reswin                  ReSwinTransformer(arch='t') / mmdet SwinTransformer of the same shape and settings
   reswin-det              a whole detector config with a ReSwin backbone (--config, default
                           configs/mask_rcnn_reswin_t_1x.py) / the same detector with mmdet's SwinTransformer of
                           the same shape in its place; every tensor the two share (neck, heads, output norms)
@@ -104,9 +104,10 @@ def build_pair(args):
         reference_model.load_state_dict(fast_model.state_dict())
         return reference_model, fast_model, f'{switch}={reference}', f'{switch}={fast}', run
     if args.pair == 'reswin':
-        from mmdet.models.backbones import SwinTransformer
-        swin = SwinTransformer(embed_dims=96, depths=(2, 2, 6, 2), num_heads=(3, 6, 12, 24), window_size=7)
-        return MODELS.build(dict(type='ReSwinTransformer', arch='t')), swin, 'ReSwin-T', 'mmdet Swin-T', run
+        import mmdet.models  # noqa: F401  (registers mmdet.SwinTransformer)
+        reswin_cfg = dict(type='ReSwinTransformer', arch='t')
+        swin = MODELS.build(swin_like(reswin_cfg))
+        return MODELS.build(reswin_cfg), swin, 'ReSwin-T', 'mmdet Swin-T', run
     # timm's MViTv2 sizes its relative-position tables for a square grid (it asserts img_size is square) but
     # reads the grid from the input, so a square model of the longer side covers a non-square input; the
     # tables' extra rows are never read and the compute is that of the actual input

@@ -99,7 +99,8 @@ class ConvPatchEmbed(nn.Module):
     def forward(self, x: Tensor) -> Tuple[Tensor, Size, List[Tensor]]:
         """(B, C_in, H, W) -> tokens (B, N, C), their grid (H', W') and no intermediate maps."""
         x = self.proj(x)
-        return x.flatten(2).transpose(1, 2), tuple(x.shape[-2:]), []
+        # contiguous tokens: a transposed view would make the residual stream of every block strided
+        return x.flatten(2).transpose(1, 2).contiguous(), tuple(x.shape[-2:]), []
 
 
 class LayerNorm2d(nn.LayerNorm):
@@ -194,7 +195,7 @@ class HybridEmbed(nn.Module):
             x = stage(x)
             maps.append(x)
         x = self.proj(x)
-        return x.flatten(2).transpose(1, 2), tuple(x.shape[-2:]), maps
+        return x.flatten(2).transpose(1, 2).contiguous(), tuple(x.shape[-2:]), maps
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -181,7 +181,9 @@ class PatchEmbed(nn.Module):
         if self.pad_input:
             s = self.stride
             x = F.pad(x, (0, -x.shape[-1] % s, 0, -x.shape[-2] % s))
-        return self.norm(self.proj(x).permute(0, 2, 3, 1))
+        # Without a norm (ViT, MViTv2) the permuted view would be the residual stream itself, and every add,
+        # norm and projection after it would work across strides; one copy makes the tokens contiguous.
+        return self.norm(self.proj(x).permute(0, 2, 3, 1).contiguous())
 
 
 @MODELS.register_module()
@@ -299,17 +301,19 @@ class ReViTBlock(nn.Module):
 
     Where the width changes (MViTv2 changes it inside attention), the shortcut is a linear projection of the
     *normalised* input; where queries are strided, the shortcut is max-pooled with kernel stride + 1 (both as in
-    MViTv2).
+    MViTv2). ``lean_scores`` is :class:`PoolingResidualAttention`'s (False: the plain autograd reference).
     """
 
     def __init__(self, dim: int, dim_out: int, num_heads: int, mlp_ratio: float = 4., qkv_bias: bool = True,
                  drop_path: float = 0., pool_kernel: Optional[Tuple[int, int]] = None,
                  stride_q: Tuple[int, int] = (1, 1), stride_kv: Tuple[int, int] = (1, 1),
-                 rel_pos_size: Optional[int] = None, residual_pooling: bool = False, residual_mode: str = 'aligned'):
+                 rel_pos_size: Optional[int] = None, residual_pooling: bool = False, residual_mode: str = 'aligned',
+                 lean_scores: bool = True):
         super().__init__()
         self.norm1 = nn.LayerNorm(dim, eps=1e-6)
         self.attn = PoolingResidualAttention(dim, dim_out, num_heads, qkv_bias, pool_kernel, stride_q, stride_kv,
-                                             rel_pos_size, residual_pooling, residual_mode)
+                                             rel_pos_size, residual_pooling, residual_mode,
+                                             lean_scores=lean_scores)
         self.shortcut_proj = nn.Linear(dim, dim_out) if dim != dim_out else None
         if math.prod(stride_q) > 1:
             kernel = [s + 1 if s > 1 else s for s in stride_q]

@@ -157,7 +157,9 @@ class ConvStem(nn.Module):
         self.proj = nn.Sequential(*layers)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.proj(x).permute(0, 2, 3, 1)
+        # A permuted NCHW map would keep every residual add, norm and projection of the stage working across
+        # strides (each add inherits its first operand's layout); one copy here makes the whole stage contiguous.
+        return self.proj(x).permute(0, 2, 3, 1).contiguous()
 
 
 class ConvDownsample(nn.Module):
@@ -169,7 +171,8 @@ class ConvDownsample(nn.Module):
         self.norm = nn.BatchNorm2d(out_dim)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.norm(self.reduction(x.permute(0, 3, 1, 2))).permute(0, 2, 3, 1)
+        # contiguous channels-last tokens for the next stage, as ConvStem
+        return self.norm(self.reduction(x.permute(0, 3, 1, 2))).permute(0, 2, 3, 1).contiguous()
 
 
 class RMTStage(nn.Module):

@@ -36,19 +36,181 @@ def relative_position_embeddings(table: Tensor, q_len: int, k_len: int) -> Tenso
     return table[offsets.long()]
 
 
+def decomposed_rel_pos_terms(q: Tensor, q_size: Pair, kv_size: Pair, rel_pos_h: Tensor,
+                             rel_pos_w: Tensor) -> Tuple[Tensor, Tensor]:
+    """``q . R_h(dy)`` (B, heads, qh, qw, kh) and ``q . R_w(dx)`` (B, heads, qh, qw, kw), from the unscaled query."""
+    B, heads, _, dim = q.shape
+    (qh, qw), (kh, kw) = q_size, kv_size
+    r_q = q.reshape(B, heads, qh, qw, dim)
+    rel_h = torch.einsum('bnhwc,hkc->bnhwk', r_q, relative_position_embeddings(rel_pos_h, qh, kh))
+    rel_w = torch.einsum('bnhwc,wkc->bnhwk', r_q, relative_position_embeddings(rel_pos_w, qw, kw))
+    return rel_h, rel_w
+
+
 def add_decomposed_rel_pos(scores: Tensor, q: Tensor, q_size: Pair, kv_size: Pair, rel_pos_h: Tensor,
                            rel_pos_w: Tensor) -> Tensor:
     """``scores + q . R_h(dy) + q . R_w(dx)`` (MViTv2's decomposed relative positions, with the unscaled query).
 
     scores: (B, heads, qh * qw, kh * kw); q: (B, heads, qh * qw, head_dim).
     """
-    B, heads, _, dim = q.shape
+    B = q.shape[0]
     (qh, qw), (kh, kw) = q_size, kv_size
-    r_q = q.reshape(B, heads, qh, qw, dim)
-    rel_h = torch.einsum('bnhwc,hkc->bnhwk', r_q, relative_position_embeddings(rel_pos_h, qh, kh))
-    rel_w = torch.einsum('bnhwc,wkc->bnhwk', r_q, relative_position_embeddings(rel_pos_w, qw, kw))
+    rel_h, rel_w = decomposed_rel_pos_terms(q, q_size, kv_size, rel_pos_h, rel_pos_w)
     scores = (scores.reshape(B, -1, qh, qw, kh, kw) + rel_h[..., :, None]).add_(rel_w[..., None, :])
     return scores.reshape(B, -1, qh * qw, kh * kw)
+
+
+def _add_into(t: Tensor, other: Tensor) -> Tensor:
+    """``t + other``, written into ``t`` unless type promotion needs a wider result (bf16 autocast)."""
+    return t.add_(other) if torch.result_type(t, other) == t.dtype else t + other
+
+
+def _row_chunks(rows: int, row_numel: int, budget: int = 1 << 22):
+    """Query-row ranges of at most ``budget`` score elements each (16 MiB in float32)."""
+    step = max(1, budget // max(row_numel, 1))
+    return [(start, min(start + step, rows)) for start in range(0, rows, step)]
+
+
+def _chunked_dot(a: Tensor, b: Tensor, dtype: torch.dtype) -> Tensor:
+    """``(a * b).sum()`` of two (B, heads, N, M) tensors without materialising the score-sized product."""
+    total = a.new_zeros((), dtype=dtype)
+    for start, end in _row_chunks(a.shape[-2], a.shape[:-2].numel() * a.shape[-1]):
+        total = total + torch.sum(a[..., start:end, :] * b[..., start:end, :], dtype=dtype)
+    return total
+
+
+class _ResidualGate(torch.autograd.Function):
+    """Identity on the previous scores whose backward applies the residual's share ``1 - alpha`` of the mix.
+
+    Only used with :class:`_LeanScoreAttention`, which reports the gradient of the *unscaled* aligned residual.
+    The alignment between the two is linear, so the gradient arriving here is ``L^T(dR)`` and alpha's share of the
+    residual term, ``-<dR, L(prev)>``, equals ``-<L^T(dR), prev>``: ``prev`` is kept alive anyway (by the previous
+    block, or as this block's checkpoint input), so no score-sized aligned copy has to be saved for alpha.
+    """
+
+    @staticmethod
+    def forward(ctx, prev: Tensor, alpha: Union[Tensor, float]) -> Tensor:
+        # a tensor alpha goes through save_for_backward: kept on ctx, a non-leaf one would pin its graph
+        ctx.alpha = None if torch.is_tensor(alpha) else alpha
+        ctx.save_for_backward(prev, alpha if torch.is_tensor(alpha) else None)
+        return prev.view_as(prev)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        prev, alpha = ctx.saved_tensors
+        if alpha is None:
+            return grad * (1 - ctx.alpha), None
+        d_prev = grad * (1 - alpha) if ctx.needs_input_grad[0] else None
+        d_alpha = None
+        if ctx.needs_input_grad[1]:
+            d_alpha = -_chunked_dot(grad, prev, alpha.dtype).reshape(alpha.shape)
+        return d_prev, d_alpha
+
+
+class _LeanScoreAttention(torch.autograd.Function):
+    """``softmax(R) @ v`` with ``R = alpha * (q_s k^T) + (1 - alpha) * A + rel_h + rel_w``; returns the output and R.
+
+    Plain autograd keeps three score-sized tensors per layer for the backward (``q_s k^T`` and ``A`` for alpha's
+    gradient, the softmax output) on top of the carried ``R``. Here only ``R`` is kept (it is carried to the next
+    layer anyway): the backward recomputes the softmax from it row chunk by row chunk, and takes alpha's share of
+    ``q_s k^T`` as ``<dR @ k, q_s>``. The largest layer's backward then holds ``R``, the incoming gradient of
+    ``R`` and the aligned residual's gradient, where plain autograd adds the three saved tensors and two more
+    gradients. Forward values are those of :func:`mix_scores` and :func:`add_decomposed_rel_pos`, op for op.
+
+    ``aligned`` must come from ``_ResidualGate``-wrapped scores: its gradient is reported unscaled (see there).
+    """
+
+    @staticmethod
+    def forward(ctx, q_s: Tensor, k: Tensor, v: Tensor, aligned: Optional[Tensor], alpha: Union[Tensor, float],
+                rel_h: Optional[Tensor], rel_w: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+        B, heads, Nq, _ = q_s.shape
+        Nk = k.shape[-2]
+        scores = q_s @ k.transpose(-2, -1)
+        ctx.s_dtype = scores.dtype
+        if aligned is not None:
+            scores = scores.mul_(alpha) if torch.result_type(scores, alpha) == scores.dtype else alpha * scores
+            # chunked so the scaled residual is never a second score-sized temporary
+            for a, b in _row_chunks(Nq, B * heads * Nk):
+                scores[:, :, a:b].add_((1 - alpha) * aligned[:, :, a:b])
+        if rel_h is not None:
+            qh, qw, kh, kw = rel_h.shape[2], rel_h.shape[3], rel_h.shape[4], rel_w.shape[4]
+            grid = _add_into(scores.view(B, heads, qh, qw, kh, kw), rel_h[..., :, None])
+            scores = grid.add_(rel_w[..., None, :]).view(B, heads, Nq, Nk)
+            ctx.rel_qh, ctx.rel_kw = qh, kw
+        out = None
+        for a, b in _row_chunks(Nq, B * heads * Nk):
+            probs = scores[:, :, a:b].softmax(dim=-1)
+            part = probs @ v
+            if out is None:
+                ctx.p_dtype, ctx.o_dtype = probs.dtype, part.dtype
+                out = part.new_empty(B, heads, Nq, part.shape[-1])
+            out[:, :, a:b] = part
+        ctx.alpha = None if torch.is_tensor(alpha) else alpha
+        ctx.mixed = aligned is not None
+        ctx.aligned_meta = None if aligned is None else (aligned.shape, aligned.dtype)
+        ctx.rel_meta = None if rel_h is None else (rel_h.dtype, rel_w.dtype)
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(q_s, k, v, scores, alpha if torch.is_tensor(alpha) else None)
+        return out, scores
+
+    @staticmethod
+    def backward(ctx, d_out: Optional[Tensor], d_scores_in: Optional[Tensor]):
+        q_s, k, v, scores, alpha_t = ctx.saved_tensors
+        B, heads, Nq, Nk = scores.shape
+        s_dtype, p_dtype, o_dtype = ctx.s_dtype, ctx.p_dtype, ctx.o_dtype
+        k_mm, q_mm, v_mm = k.to(s_dtype), q_s.to(s_dtype), v.to(o_dtype)
+        # fp32 accumulators: the chunks are summed here, where autograd sums inside one matmul
+        acc = torch.promote_types(s_dtype, torch.float32)
+        d_v = torch.zeros(v.shape, dtype=torch.promote_types(o_dtype, torch.float32), device=v.device)
+        d_k = torch.zeros(k.shape, dtype=acc, device=k.device)
+        g = torch.empty(q_s.shape, dtype=acc, device=q_s.device)
+        d_aligned = None
+        if ctx.mixed and ctx.needs_input_grad[3]:
+            shape, dtype = ctx.aligned_meta
+            d_aligned = torch.empty(shape, dtype=dtype, device=scores.device)
+        rel = ctx.rel_meta is not None
+        if rel:
+            kw = ctx.rel_kw
+            d_rel_h = scores.new_empty(B, heads, Nq, Nk // kw, dtype=acc)
+            d_rel_w = scores.new_empty(B, heads, Nq, kw, dtype=acc)
+        for a, b in _row_chunks(Nq, B * heads * Nk):
+            probs = scores[:, :, a:b].softmax(dim=-1, dtype=p_dtype)
+            if d_out is not None:
+                d_out_c = d_out[:, :, a:b].to(o_dtype)
+                d_v += probs.to(o_dtype).transpose(-2, -1) @ d_out_c
+                d_probs = (d_out_c @ v_mm.transpose(-2, -1)).to(p_dtype)
+                # softmax backward, in place in the chunk's own buffer
+                dot = (d_probs * probs).sum(-1, keepdim=True)
+                d_r = d_probs.sub_(dot).mul_(probs).to(scores.dtype)
+            else:
+                d_r = scores.new_zeros(B, heads, b - a, Nk)
+            del probs
+            if d_scores_in is not None:
+                d_r = _add_into(d_r, d_scores_in[:, :, a:b])
+            if rel:
+                grid = d_r.reshape(B, heads, b - a, Nk // kw, kw)
+                d_rel_h[:, :, a:b] = grid.sum(-1, dtype=acc)
+                d_rel_w[:, :, a:b] = grid.sum(-2, dtype=acc)
+            d_s = d_r.to(s_dtype)
+            g[:, :, a:b] = d_s @ k_mm
+            d_k += d_s.transpose(-2, -1) @ q_mm[:, :, a:b]
+            if d_aligned is not None:
+                d_aligned[:, :, a:b] = d_r if d_aligned.shape[1] == heads else d_r.sum(1, keepdim=True)
+        alpha = ctx.alpha if alpha_t is None else alpha_t
+        d_alpha = None
+        if ctx.mixed and alpha_t is not None and ctx.needs_input_grad[4]:
+            # alpha's share of alpha * (q_s k^T): <dR, q_s k^T> = <dR @ k, q_s>
+            d_alpha = torch.sum(g * q_s, dtype=alpha_t.dtype).reshape(alpha_t.shape)
+        if ctx.mixed:
+            g = g * alpha
+            d_k = d_k * alpha
+        d_rel = (None, None)
+        if rel:
+            qh = ctx.rel_qh
+            h_dtype, w_dtype = ctx.rel_meta
+            d_rel = (d_rel_h.reshape(B, heads, qh, -1, Nk // kw).to(h_dtype),
+                     d_rel_w.reshape(B, heads, qh, -1, kw).to(w_dtype))
+        return g.to(q_s.dtype), d_k.to(k.dtype), d_v.to(v.dtype), d_aligned, d_alpha, *d_rel
 
 
 class PoolingResidualAttention(nn.Module):
@@ -64,6 +226,13 @@ class PoolingResidualAttention(nn.Module):
         residual_pooling: add the pooled query to the attention output (MViTv2).
         residual_mode: how the previous layer's scores are brought onto this layer's grids, see
             :data:`~mmvisatt.models.layers.residual_attention.POOLED_ALIGNERS`.
+        lean_scores: the score pipeline (mix, relative positions, softmax @ v) as one autograd function,
+            :class:`_LeanScoreAttention` (default): it mixes in place, applies the softmax in row chunks and keeps
+            only the carried scores for the backward, which recomputes the softmax from them: one score-sized
+            tensor per layer instead of up to four, and fewer score-sized passes and allocations also in
+            inference. False runs the plain autograd composition of the same ops, the reference the lean path
+            is tested against, and what ``torch.compile`` traces. Forward values are bit-identical; gradients
+            equal up to summation order.
 
     There is no fused (scaled_dot_product_attention) path: the mixed scores are carried to the next layer, so
     they are materialised anyway.
@@ -72,7 +241,7 @@ class PoolingResidualAttention(nn.Module):
     def __init__(self, dim: int, dim_out: int, num_heads: int, qkv_bias: bool = True,
                  pool_kernel: Optional[Pair] = None, stride_q: Pair = (1, 1), stride_kv: Pair = (1, 1),
                  rel_pos_size: Optional[int] = None, residual_pooling: bool = False,
-                 residual_mode: str = 'aligned', norm_eps: float = 1e-6):
+                 residual_mode: str = 'aligned', norm_eps: float = 1e-6, lean_scores: bool = True):
         super().__init__()
         if residual_mode not in POOLED_ALIGNERS:
             raise ValueError(f"residual_mode must be one of {sorted(POOLED_ALIGNERS)}, got '{residual_mode}'")
@@ -83,6 +252,7 @@ class PoolingResidualAttention(nn.Module):
         self.stride_q = tuple(stride_q)
         self.stride_kv = tuple(stride_kv)
         self.residual_pooling = residual_pooling
+        self.lean_scores = lean_scores
         self.align = POOLED_ALIGNERS[residual_mode]
         self.qkv = nn.Linear(dim, dim_out * 3, bias=qkv_bias)
         self.proj = nn.Linear(dim_out, dim_out)
@@ -126,18 +296,36 @@ class PoolingResidualAttention(nn.Module):
         q_grid = TokenGrid(*q_size, in_h * self.stride_q[0], in_w * self.stride_q[1])
         kv_grid = TokenGrid(*kv_size, in_h * self.stride_kv[0], in_w * self.stride_kv[1])
 
-        scores = (q * self.scale) @ k.transpose(-2, -1)
-        if residual is not None:
-            scores = mix_scores(scores, self.align(residual, q_grid, kv_grid, self.num_heads), None, alpha, 1)
-        if self.rel_pos_h is not None:
-            # After the mix, and kept in what is carried on: the official code adds them in place into the
-            # tensor it stores, and the aligned mode keeps that so released weights keep their meaning.
-            scores = add_decomposed_rel_pos(scores, q, q_size, kv_size, self.rel_pos_h, self.rel_pos_w)
-        x = scores.softmax(dim=-1) @ v
+        # Compiled graphs take the plain composition (Inductor fuses it itself): the lean function's row-chunk
+        # loops depend on the sizes, which Inductor's symbolic shapes cannot lower.
+        if self.lean_scores and not torch.compiler.is_compiling():
+            x, scores = self._lean_scores(q, k, v, residual, alpha, q_grid, kv_grid, q_size, kv_size)
+        else:
+            scores = (q * self.scale) @ k.transpose(-2, -1)
+            if residual is not None:
+                scores = mix_scores(scores, self.align(residual, q_grid, kv_grid, self.num_heads), None, alpha, 1)
+            if self.rel_pos_h is not None:
+                # After the mix, and kept in what is carried on: the official code adds them in place into the
+                # tensor it stores, and the aligned mode keeps that so released weights keep their meaning.
+                scores = add_decomposed_rel_pos(scores, q, q_size, kv_size, self.rel_pos_h, self.rel_pos_w)
+            x = scores.softmax(dim=-1) @ v
         if self.residual_pooling:
             x = x + q
         x = x.transpose(1, 2).reshape(B, *q_size, self.dim_out)
         return self.proj(x), PooledScores(scores, q_grid, kv_grid)
+
+    def _lean_scores(self, q: Tensor, k: Tensor, v: Tensor, residual: Optional[PooledScores],
+                     alpha: Union[Tensor, float], q_grid: TokenGrid, kv_grid: TokenGrid, q_size: Pair,
+                     kv_size: Pair) -> Tuple[Tensor, Tensor]:
+        """The forward above through :class:`_LeanScoreAttention`: the same values, a leaner backward."""
+        aligned = None
+        if residual is not None:
+            gated = residual._replace(scores=_ResidualGate.apply(residual.scores, alpha))
+            aligned = self.align(gated, q_grid, kv_grid, self.num_heads)
+        rel_h = rel_w = None
+        if self.rel_pos_h is not None:
+            rel_h, rel_w = decomposed_rel_pos_terms(q, q_size, kv_size, self.rel_pos_h, self.rel_pos_w)
+        return _LeanScoreAttention.apply(q * self.scale, k, v, aligned, alpha, rel_h, rel_w)
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         # Checkpoints trained at another resolution carry relative-position tables of another length.

@@ -201,7 +201,8 @@ def _on_key_axis(scores: Tensor, size: Tuple[int, int], op: GridOp) -> Tensor:
 
 def _mean_heads_if_changed(scores: Tensor, num_heads: int) -> Tensor:
     # Heads of different widths have no one-to-one correspondence; their mean broadcasts to all new heads.
-    return scores if scores.shape[1] == num_heads else scores.mean(dim=1, keepdim=True)
+    # A single head is its own mean: a copy of it would be a score-sized tensor the next pooling saves.
+    return scores if scores.shape[1] in (1, num_heads) else scores.mean(dim=1, keepdim=True)
 
 
 def _pool_and_repeat(src: int, dst: int) -> Tuple[int, int]:
