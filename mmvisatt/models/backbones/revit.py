@@ -301,19 +301,17 @@ class ReViTBlock(nn.Module):
 
     Where the width changes (MViTv2 changes it inside attention), the shortcut is a linear projection of the
     *normalised* input; where queries are strided, the shortcut is max-pooled with kernel stride + 1 (both as in
-    MViTv2). ``lean_scores`` is :class:`PoolingResidualAttention`'s (False: the plain autograd reference).
+    MViTv2).
     """
 
     def __init__(self, dim: int, dim_out: int, num_heads: int, mlp_ratio: float = 4., qkv_bias: bool = True,
                  drop_path: float = 0., pool_kernel: Optional[Tuple[int, int]] = None,
                  stride_q: Tuple[int, int] = (1, 1), stride_kv: Tuple[int, int] = (1, 1),
-                 rel_pos_size: Optional[int] = None, residual_pooling: bool = False, residual_mode: str = 'aligned',
-                 lean_scores: bool = True):
+                 rel_pos_size: Optional[int] = None, residual_pooling: bool = False, residual_mode: str = 'aligned'):
         super().__init__()
         self.norm1 = nn.LayerNorm(dim, eps=1e-6)
         self.attn = PoolingResidualAttention(dim, dim_out, num_heads, qkv_bias, pool_kernel, stride_q, stride_kv,
-                                             rel_pos_size, residual_pooling, residual_mode,
-                                             lean_scores=lean_scores)
+                                             rel_pos_size, residual_pooling, residual_mode)
         self.shortcut_proj = nn.Linear(dim, dim_out) if dim != dim_out else None
         if math.prod(stride_q) > 1:
             kernel = [s + 1 if s > 1 else s for s in stride_q]

@@ -317,7 +317,7 @@ class PoolingResidualAttention(nn.Module):
     def _lean_scores(self, q: Tensor, k: Tensor, v: Tensor, residual: Optional[PooledScores],
                      alpha: Union[Tensor, float], q_grid: TokenGrid, kv_grid: TokenGrid, q_size: Pair,
                      kv_size: Pair) -> Tuple[Tensor, Tensor]:
-        """The forward above through :class:`_LeanScoreAttention`: the same values, a leaner backward."""
+        """The forward above through :class:`_LeanScoreAttention`: the same values, one score-sized tensor."""
         aligned = None
         if residual is not None:
             gated = residual._replace(scores=_ResidualGate.apply(residual.scores, alpha))
