@@ -34,6 +34,16 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: item.get_closest_marker('slow') is None)
 
 
+@pytest.fixture(params=['one_chunk', 'many_chunks'])
+def chunking(request, monkeypatch):
+    """Runs a test with the score functions' default row chunks and with chunks of three rows (many per map)."""
+    if request.param == 'many_chunks':
+        from mmvisatt.models.layers import pooling_attention
+        original = pooling_attention._row_chunks
+        monkeypatch.setattr(pooling_attention, '_row_chunks', lambda rows, numel: original(rows, numel, 3 * numel))
+    return request.param
+
+
 @pytest.fixture(scope='session')
 def tiny_det_config(tmp_path_factory) -> str:
     """``mask_rcnn_reswin_t_3x.py`` with a one-block-per-stage, 16-channel ReSwin: same types and recipe,

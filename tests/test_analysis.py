@@ -505,3 +505,9 @@ def test_tool_faces_in_process(tiny_setup, tmp_path, capsys):
     with pytest.raises(SystemExit, match='no attention module the analysis can read'):
         run(feature_collapse_main, ['mmpretrain.ResNet', 'none', s['images'], '--out-dir', str(tmp_path),
                                     '--backbone-options', 'depth=18', '--size', '32'])
+
+
+def test_factored_revit_is_rejected_with_the_fix():
+    model = ReViT(arch=VIT_TINY, img_size=64, patch_size=8, carry_factors=True)
+    with pytest.raises(UnsupportedModelError, match='carry_factors=False'), AttentionCapture(model), torch.no_grad():
+        model(torch.randn(1, 3, 64, 64))

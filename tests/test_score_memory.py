@@ -10,7 +10,6 @@ import pytest
 import torch
 
 from mmvisatt.models.backbones import ReMViTv2, ReViT
-from mmvisatt.models.layers import pooling_attention
 from mmvisatt.models.layers.pooling_attention import PoolingResidualAttention
 from mmvisatt.models.layers.residual_attention import PooledScores, TokenGrid
 
@@ -65,14 +64,6 @@ def _run(module, x, residual, alpha):
     wrt = [*module.parameters(), x] + ([residual.scores] if residual is not None else [])
     wrt += [alpha] if torch.is_tensor(alpha) else []
     return out, carried.scores, torch.autograd.grad(loss, wrt, allow_unused=True)
-
-
-@pytest.fixture(params=['one_chunk', 'many_chunks'])
-def chunking(request, monkeypatch):
-    if request.param == 'many_chunks':
-        original = pooling_attention._row_chunks
-        monkeypatch.setattr(pooling_attention, '_row_chunks', lambda rows, numel: original(rows, numel, 3 * numel))
-    return request.param
 
 
 @pytest.mark.parametrize('alpha_kind', ['param', 'float'])
@@ -172,7 +163,8 @@ BACKBONES = {
                                          residual_mode='official')),
     'ReMViTv2-constant-alpha': (ReMViTv2, dict(arch=dict(embed_dims=16, depths=(1, 2, 1, 1), num_heads=1),
                                                img_size=64, learnable_alpha=False)),
-    'ReViT': (ReViT, dict(arch=dict(embed_dims=32, depth=3, num_heads=4), img_size=64)),
+    # score tensors carried also under with_cp (its default carries factors: tests/test_score_factors.py)
+    'ReViT': (ReViT, dict(arch=dict(embed_dims=32, depth=3, num_heads=4), img_size=64, carry_factors=False)),
 }
 
 

@@ -248,8 +248,10 @@ class AttentionCapture:
         def hook(module: nn.Module, args, output) -> None:
             carried = output[1]
             if not isinstance(carried, PooledScores):
+                hint = (' Build the model with carry_factors=False: attention maps need the score maps, not their '
+                        'factors.' if type(carried).__name__ == 'ScoreFactors' else '')
                 raise UnsupportedModelError(f'{block_name}.attn returned {type(carried).__name__}, not '
-                                            f'PooledScores.')
+                                            f'PooledScores.{hint}')
             py, px = self.patch_stride
             q, kv = carried.q_grid, carried.kv_grid
             self.records.append(

@@ -21,7 +21,8 @@ from torch import Tensor
 
 from mmvisatt.checkpoint import register_converter
 from ..layers.pooling_attention import PoolingResidualAttention
-from ..layers.residual_attention import ALIGNERS, POOLED_ALIGNERS, PooledScores, WindowScores, mix_scores
+from ..layers.residual_attention import (ALIGNERS, POOLED_ALIGNERS, PooledScores, ScoreFactors, WindowScores,
+                                         mix_scores)
 from ..layers.simple_pyramid import PYRAMID_SCALES, SimpleFeaturePyramid
 from .base import AttentionBackbone, LayerOrder, init_transformer_weights, stage_layer_order
 from ..layers.window import (WindowGrid, merge_windows, partition_windows, relative_position_index,
@@ -322,9 +323,9 @@ class ReViTBlock(nn.Module):
         self.norm2 = nn.LayerNorm(dim_out, eps=1e-6)
         self.mlp = Mlp(dim_out, int(dim_out * mlp_ratio), act_layer=nn.GELU)
 
-    def forward(self, x: Tensor, residual: Optional[PooledScores],
-                alpha: Union[Tensor, float]) -> Tuple[Tensor, PooledScores]:
-        """x: (B, H, W, C) -> (B, H_q, W_q, C_out), plus this layer's mixed scores."""
+    def forward(self, x: Tensor, residual: Union[PooledScores, ScoreFactors, None],
+                alpha: Union[Tensor, float]) -> Tuple[Tensor, Union[PooledScores, ScoreFactors]]:
+        """x: (B, H, W, C) -> (B, H_q, W_q, C_out), plus what this layer carries on (see the attention)."""
         x_norm = self.norm1(x)
         out, scores = self.attn(x_norm, residual, alpha)
         shortcut = x if self.shortcut_proj is None else self.shortcut_proj(x_norm)
@@ -335,8 +336,11 @@ class ReViTBlock(nn.Module):
         return x, scores
 
 
-def _run_blocks(blocks: Sequence[nn.Module], x: Tensor, residual: Optional[PooledScores],
-                alpha: Union[Tensor, float], with_cp: bool) -> Tuple[Tensor, Optional[PooledScores]]:
+Carried = Union[PooledScores, ScoreFactors, None]
+
+
+def _run_blocks(blocks: Sequence[nn.Module], x: Tensor, residual: Carried, alpha: Union[Tensor, float],
+                with_cp: bool) -> Tuple[Tensor, Carried]:
     for block in blocks:
         if with_cp and x.requires_grad:
             x, residual = cp.checkpoint(block, x, residual, alpha, use_reentrant=False)
@@ -380,6 +384,15 @@ class ReViT(AttentionBackbone):
         frozen_stages: -1 freezes nothing; 0 the patch and position embeddings; n > 0 also the first n blocks
             and alpha.
         norm_eval: keep normalisation layers in eval mode while training. with_cp: checkpoint each block.
+        carry_factors: carry the residual scores between blocks as per-block queries and keys
+            (:class:`~mmvisatt.models.layers.residual_attention.ScoreFactors`) instead of one N x N score map per
+            block. The maps are block outputs, so checkpointing cannot drop them, and at 800x1216 they are most of
+            ReViT-B's training memory; factors cost O(N) each but widen the score product by ``head_dim`` per
+            block. None (default) carries factors exactly where ``with_cp`` checkpoints (training with
+            gradients), maps elsewhere. Values equal the map path's up to rounding.
+        factor_run: with factors, fold them into one stored score map every ``factor_run`` blocks (the folding
+            block makes its map anyway), which bounds the product's width; None never stores a map (least
+            memory, most compute).
     """
     arch_zoo = {'b': dict(embed_dims=768, depth=12, num_heads=12)}
     _arch_keys = ('embed_dims', 'depth', 'num_heads')
@@ -391,10 +404,16 @@ class ReViT(AttentionBackbone):
                  patch_size: int = 16, mlp_ratio: float = 4., qkv_bias: bool = True, drop_path_rate: float = 0.1,
                  alpha_init: float = 0.5, learnable_alpha: bool = True, out_indices: Sequence[int] = (0, 1, 2, 3),
                  frozen_stages: int = -1, norm_eval: bool = False, with_cp: bool = False,
+                 carry_factors: Optional[bool] = None, factor_run: Optional[int] = 3,
                  init_cfg: Optional[dict] = None):
         super().__init__(init_cfg=init_cfg)
         arch = self._resolve_arch(arch)
         dim, depth = arch['embed_dims'], arch['depth']
+        if factor_run is not None and factor_run < 1:
+            raise ValueError(f'factor_run must be a positive number of blocks, or None never to fold, got '
+                             f'{factor_run}')
+        self.carry_factors = carry_factors
+        self.factor_run = factor_run
         self.in_channels = in_channels
         self.patch_size = patch_size
         self.out_indices = self._check_out_indices(out_indices, len(PYRAMID_SCALES))
@@ -436,7 +455,11 @@ class ReViT(AttentionBackbone):
         H, W = x.shape[-2:]
         x = self.patch_embed(x)
         x = x + self._position_embedding(x.shape[1], x.shape[2])
-        x, _ = _run_blocks(self.blocks, x, None, self.alpha, self.with_cp)
+        factors = self.carry_factors
+        if factors is None:
+            factors = self.with_cp and x.requires_grad
+        carried = ScoreFactors(run=self.factor_run) if factors else None
+        x, _ = _run_blocks(self.blocks, x, carried, self.alpha, self.with_cp)
         levels = self.pyramid(x.permute(0, 3, 1, 2))
         outs = []
         for i in self.out_indices:

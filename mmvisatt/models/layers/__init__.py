@@ -1,7 +1,7 @@
 from .channel_attention import (ConvValueMlp, DepthwiseConvBlock, EfficientChannelAttention, TokenAttention,
                                 channel_gate, multi_head_attention)
 from .pooling_attention import PoolingResidualAttention, add_decomposed_rel_pos, relative_position_embeddings
-from .residual_attention import (PooledScores, TokenGrid, WindowScores, align_by_position, align_by_slot,
+from .residual_attention import (PooledScores, ScoreFactors, TokenGrid, WindowScores, align_by_position, align_by_slot,
                                  align_pooled_by_position, align_pooled_official, mix_scores, regrid_by_position)
 from .shunted_attention import HeadGroupKV, ShuntedAttention
 from .simple_pyramid import SimpleFeaturePyramid
@@ -13,7 +13,7 @@ from .window import (WindowGrid, merge_windows, partition_windows, relative_posi
 
 __all__ = [
     'PoolingResidualAttention', 'add_decomposed_rel_pos', 'relative_position_embeddings', 'PooledScores',
-    'TokenGrid', 'WindowScores', 'align_by_position', 'align_by_slot', 'align_pooled_by_position',
+    'ScoreFactors',    'TokenGrid', 'WindowScores', 'align_by_position', 'align_by_slot', 'align_pooled_by_position',
     'align_pooled_official', 'mix_scores', 'regrid_by_position', 'SimpleFeaturePyramid', 'SpatialDecay',
     'TokenGroups', 'GroupRun', 'decay_bias', 'decayed_attention', 'grid_distance', 'group_bias', 'group_runs',
     'group_tokens', 'grouped_attention_fused',

@@ -13,7 +13,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from .residual_attention import POOLED_ALIGNERS, PooledScores, TokenGrid, mix_scores
+from .residual_attention import POOLED_ALIGNERS, PooledScores, ScoreFactors, TokenGrid, mix_scores
 
 Pair = Tuple[int, int]
 
@@ -80,35 +80,36 @@ def _chunked_dot(a: Tensor, b: Tensor, dtype: torch.dtype) -> Tensor:
 
 
 class _ResidualGate(torch.autograd.Function):
-    """Identity on the previous scores whose backward applies the residual's share ``1 - alpha`` of the mix.
+    """Identity on the previous scores whose backward applies the residual's weight ``keep`` in the mix.
 
-    Only used with :class:`_LeanScoreAttention`, which reports the gradient of the *unscaled* aligned residual.
-    The alignment between the two is linear, so the gradient arriving here is ``L^T(dR)`` and alpha's share of the
-    residual term, ``-<dR, L(prev)>``, equals ``-<L^T(dR), prev>``: ``prev`` is kept alive anyway (by the previous
-    block, or as this block's checkpoint input), so no score-sized aligned copy has to be saved for alpha.
+    Only used with :class:`_LeanScoreAttention`, which reports the gradient of the *unscaled* aligned residual
+    (``keep`` is ``1 - alpha``, or a power of it for a stored map several layers back). The alignment between the
+    two is linear, so the gradient arriving here is ``L^T(dR)`` and keep's share of the residual term,
+    ``<dR, L(prev)>``, equals ``<L^T(dR), prev>``: ``prev`` is kept alive anyway (by the previous block, or as this
+    block's checkpoint input), so no score-sized aligned copy has to be saved for alpha.
     """
 
     @staticmethod
-    def forward(ctx, prev: Tensor, alpha: Union[Tensor, float]) -> Tensor:
-        # a tensor alpha goes through save_for_backward: kept on ctx, a non-leaf one would pin its graph
-        ctx.alpha = None if torch.is_tensor(alpha) else alpha
-        ctx.save_for_backward(prev, alpha if torch.is_tensor(alpha) else None)
+    def forward(ctx, prev: Tensor, keep: Union[Tensor, float]) -> Tensor:
+        # a tensor keep goes through save_for_backward: kept on ctx, a non-leaf one would pin its graph
+        ctx.keep = None if torch.is_tensor(keep) else keep
+        ctx.save_for_backward(prev, keep if torch.is_tensor(keep) else None)
         return prev.view_as(prev)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        prev, alpha = ctx.saved_tensors
-        if alpha is None:
-            return grad * (1 - ctx.alpha), None
-        d_prev = grad * (1 - alpha) if ctx.needs_input_grad[0] else None
-        d_alpha = None
+        prev, keep = ctx.saved_tensors
+        if keep is None:
+            return grad * ctx.keep, None
+        d_prev = grad * keep if ctx.needs_input_grad[0] else None
+        d_keep = None
         if ctx.needs_input_grad[1]:
-            d_alpha = -_chunked_dot(grad, prev, alpha.dtype).reshape(alpha.shape)
-        return d_prev, d_alpha
+            d_keep = _chunked_dot(grad, prev, keep.dtype).reshape(keep.shape)
+        return d_prev, d_keep
 
 
 class _LeanScoreAttention(torch.autograd.Function):
-    """``softmax(R) @ v`` with ``R = alpha * (q_s k^T) + (1 - alpha) * A + rel_h + rel_w``; returns the output and R.
+    """``softmax(R) @ v`` with ``R = alpha * (q_s k^T) + keep * A + rel_h + rel_w``; returns the output and R.
 
     Plain autograd keeps three score-sized tensors per layer for the backward (``q_s k^T`` and ``A`` for alpha's
     gradient, the softmax output) on top of the carried ``R``. Here only ``R`` is kept (it is carried to the next
@@ -117,21 +118,23 @@ class _LeanScoreAttention(torch.autograd.Function):
     ``R`` and the aligned residual's gradient, where plain autograd adds the three saved tensors and two more
     gradients. Forward values are those of :func:`mix_scores` and :func:`add_decomposed_rel_pos`, op for op.
 
-    ``aligned`` must come from ``_ResidualGate``-wrapped scores: its gradient is reported unscaled (see there).
+    ``keep`` is ``1 - alpha`` for ReViT's mix. ``aligned`` must come from ``_ResidualGate``-wrapped scores (with the
+    same ``keep``): its gradient is reported unscaled, and keep's gradient is taken there.
     """
 
     @staticmethod
     def forward(ctx, q_s: Tensor, k: Tensor, v: Tensor, aligned: Optional[Tensor], alpha: Union[Tensor, float],
-                rel_h: Optional[Tensor], rel_w: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+                keep: Union[Tensor, float], rel_h: Optional[Tensor], rel_w: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
         B, heads, Nq, _ = q_s.shape
         Nk = k.shape[-2]
         scores = q_s @ k.transpose(-2, -1)
         ctx.s_dtype = scores.dtype
         if aligned is not None:
-            scores = scores.mul_(alpha) if torch.result_type(scores, alpha) == scores.dtype else alpha * scores
+            if not (isinstance(alpha, float) and alpha == 1.0):  # 1.0: the queries carry their weights already
+                scores = scores.mul_(alpha) if torch.result_type(scores, alpha) == scores.dtype else alpha * scores
             # chunked so the scaled residual is never a second score-sized temporary
             for a, b in _row_chunks(Nq, B * heads * Nk):
-                scores[:, :, a:b].add_((1 - alpha) * aligned[:, :, a:b])
+                scores[:, :, a:b].add_(keep * aligned[:, :, a:b])
         if rel_h is not None:
             qh, qw, kh, kw = rel_h.shape[2], rel_h.shape[3], rel_h.shape[4], rel_w.shape[4]
             grid = _add_into(scores.view(B, heads, qh, qw, kh, kw), rel_h[..., :, None])
@@ -210,7 +213,57 @@ class _LeanScoreAttention(torch.autograd.Function):
             h_dtype, w_dtype = ctx.rel_meta
             d_rel = (d_rel_h.reshape(B, heads, qh, -1, Nk // kw).to(h_dtype),
                      d_rel_w.reshape(B, heads, qh, -1, kw).to(w_dtype))
-        return g.to(q_s.dtype), d_k.to(k.dtype), d_v.to(v.dtype), d_aligned, d_alpha, *d_rel
+        return g.to(q_s.dtype), d_k.to(k.dtype), d_v.to(v.dtype), d_aligned, d_alpha, None, *d_rel
+
+
+class _ChunkedAttention(torch.autograd.Function):
+    """``softmax(q @ k^T) @ v`` in query-row chunks, keeping q, k, v, the output and the row log-sum-exp only.
+
+    The factored residual scores make q and k wider than v, which ``scaled_dot_product_attention``'s CPU flash
+    kernel does not take (it falls back to materialising and saving the whole probability map); padding v instead
+    multiplies the ``@ v`` work by the same width. This is the flash-attention recurrence at 16 MiB row chunks:
+    the backward recomputes each chunk's probabilities from the log-sum-exp.
+    """
+
+    @staticmethod
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        B, heads, Nq, _ = q.shape
+        Nk = k.shape[-2]
+        acc = torch.promote_types(q.dtype, torch.float32)
+        k_t = k.transpose(-2, -1)
+        out = torch.empty(B, heads, Nq, v.shape[-1], dtype=v.dtype, device=v.device)
+        lse = torch.empty(B, heads, Nq, 1, dtype=acc, device=q.device)
+        for a, b in _row_chunks(Nq, B * heads * Nk):
+            s = (q[:, :, a:b] @ k_t).to(acc)
+            top = s.amax(-1, keepdim=True)
+            p = s.sub_(top).exp_()
+            total = p.sum(-1, keepdim=True)
+            out[:, :, a:b] = (p.to(v.dtype) @ v).div_(total)
+            lse[:, :, a:b] = top + total.log()
+        ctx.save_for_backward(q, k, v, out, lse)
+        return out
+
+    @staticmethod
+    def backward(ctx, d_out: Tensor):
+        q, k, v, out, lse = ctx.saved_tensors
+        B, heads, Nq, _ = q.shape
+        Nk = k.shape[-2]
+        acc = lse.dtype
+        d_out = d_out.to(v.dtype)
+        # softmax backward: dS = P * (dP - rowsum(dP * P)), and rowsum(dP * P) = rowsum(d_out * out)
+        delta = (d_out.to(acc) * out.to(acc)).sum(-1, keepdim=True)
+        k_t, v_t = k.transpose(-2, -1), v.transpose(-2, -1)
+        d_q = torch.empty(q.shape, dtype=acc, device=q.device)
+        d_k = torch.zeros(k.shape, dtype=acc, device=k.device)
+        d_v = torch.zeros(v.shape, dtype=acc, device=v.device)
+        for a, b in _row_chunks(Nq, B * heads * Nk):
+            p = (q[:, :, a:b] @ k_t).to(acc).sub_(lse[:, :, a:b]).exp_()
+            d_o = d_out[:, :, a:b]
+            d_v += p.to(v.dtype).transpose(-2, -1) @ d_o
+            d_s = (d_o @ v_t).to(acc).sub_(delta[:, :, a:b]).mul_(p).to(q.dtype)
+            d_q[:, :, a:b] = d_s @ k
+            d_k += d_s.transpose(-2, -1) @ q[:, :, a:b]
+        return d_q.to(q.dtype), d_k.to(k.dtype), d_v.to(v.dtype)
 
 
 class PoolingResidualAttention(nn.Module):
@@ -234,8 +287,12 @@ class PoolingResidualAttention(nn.Module):
             is tested against, and what ``torch.compile`` traces. Forward values are bit-identical; gradients
             equal up to summation order.
 
-    There is no fused (scaled_dot_product_attention) path: the mixed scores are carried to the next layer, so
-    they are materialised anyway.
+    Without pooling and relative positions (plain ViT) the carried scores can instead be
+    :class:`~mmvisatt.models.layers.residual_attention.ScoreFactors`: pass them as ``residual`` (empty ones in
+    the first layer) and the layer attends with concatenated weighted
+    queries and keys (:class:`_ChunkedAttention`), returning the factors extended by its own. No score-sized
+    tensor is made or kept, at the price of a query/key width that grows by ``head_dim`` per layer; the values are
+    the score path's up to rounding. With carried score tensors there is no fused path: they are materialised anyway.
     """
 
     def __init__(self, dim: int, dim_out: int, num_heads: int, qkv_bias: bool = True,
@@ -280,14 +337,20 @@ class PoolingResidualAttention(nn.Module):
         x = x.reshape(B, heads, dim, -1).transpose(2, 3)
         return norm(x), size
 
-    def forward(self, x: Tensor, residual: Optional[PooledScores],
-                alpha: Union[Tensor, float]) -> Tuple[Tensor, PooledScores]:
+    def forward(self, x: Tensor, residual: Union[PooledScores, ScoreFactors, None],
+                alpha: Union[Tensor, float]) -> Tuple[Tensor, Union[PooledScores, ScoreFactors]]:
         """x: (B, H, W, dim) -> (B, H_q, W_q, dim_out), plus the mixed scores (with relative positions) to carry.
 
-        ``residual`` holds the previous layer's scores and grids; None in the first layer.
+        ``residual`` holds the previous layer's scores and grids; None in the first layer. Score factors instead
+        (see the class) select the factored path, which returns the factors to carry.
         """
         B, H, W, _ = x.shape
         q, k, v = self.qkv(x).reshape(B, H * W, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4)
+        if isinstance(residual, ScoreFactors):
+            x, factors = self._factored_scores(q, k, v, residual, alpha)
+            if self.residual_pooling:
+                x = x + q
+            return self.proj(x.transpose(1, 2).reshape(B, H, W, self.dim_out)), factors
         q, q_size = self._pool(q, (H, W), self.pool_q, self.norm_q)
         k, kv_size = self._pool(k, (H, W), self.pool_k, self.norm_k)
         v, _ = self._pool(v, (H, W), self.pool_v, self.norm_v)
@@ -319,13 +382,58 @@ class PoolingResidualAttention(nn.Module):
                      kv_size: Pair) -> Tuple[Tensor, Tensor]:
         """The forward above through :class:`_LeanScoreAttention`: the same values, one score-sized tensor."""
         aligned = None
+        keep = 1 - alpha
         if residual is not None:
-            gated = residual._replace(scores=_ResidualGate.apply(residual.scores, alpha))
+            gated = residual._replace(scores=_ResidualGate.apply(residual.scores, keep))
             aligned = self.align(gated, q_grid, kv_grid, self.num_heads)
         rel_h = rel_w = None
         if self.rel_pos_h is not None:
             rel_h, rel_w = decomposed_rel_pos_terms(q, q_size, kv_size, self.rel_pos_h, self.rel_pos_w)
-        return _LeanScoreAttention.apply(q * self.scale, k, v, aligned, alpha, rel_h, rel_w)
+        return _LeanScoreAttention.apply(q * self.scale, k, v, aligned, alpha, keep, rel_h, rel_w)
+
+    def _factored_scores(self, q: Tensor, k: Tensor, v: Tensor, residual: ScoreFactors,
+                         alpha: Union[Tensor, float]) -> Tuple[Tensor, ScoreFactors]:
+        """``softmax(S_l) @ v`` with ``S_l`` built from the carried factors and this layer's (see ScoreFactors)."""
+        if self.pool_q is not None or self.rel_pos_h is not None:
+            raise ValueError('Carried score factors need attention without pooling and relative positions (plain '
+                             'ViT blocks, as in ReViT); carry the score tensors (PooledScores) for MViTv2 blocks.')
+        q_s = q * self.scale
+        queries, keys, base, run = residual
+        depth = len(queries)
+        keep = 1 - alpha
+        # the unrolled moving average: factor j weighs (1 - alpha)^(depth - j) times alpha, except the network's
+        # first layer (no base), which had no residual to mix with
+        weighted = [pq * (keep ** (depth - j) if j == 0 and base is None else alpha * keep ** (depth - j))
+                    for j, pq in enumerate(queries)]
+        own = q_s if depth == 0 and base is None else alpha * q_s
+        q_cat = torch.cat([*weighted, own], dim=-1) if weighted else own
+        k_cat = torch.cat([*keys, k], dim=-1) if keys else k
+        dtype = q_cat.dtype
+        if torch.is_autocast_enabled(q.device.type):
+            # alpha (float32) promoted the weighted queries; attend at the precision autocast asks for
+            dtype = torch.get_autocast_dtype(q.device.type)
+        q_cat, k_cat, v_in = q_cat.to(dtype), k_cat.to(dtype), v.to(dtype)
+        fold = run is not None and depth + 1 >= run
+        if torch.compiler.is_compiling():
+            # the row-chunk loops depend on sizes Inductor cannot lower; it fuses the plain composition itself
+            scores = q_cat @ k_cat.transpose(-2, -1)
+            if base is not None:
+                scores = scores + keep ** (depth + 1) * base
+            out = scores.softmax(dim=-1) @ v_in
+            if fold:
+                return out.to(v.dtype), ScoreFactors(base=scores, run=run)
+        elif base is not None or fold:
+            # A stored map to mix in, or this layer's scores to store: the lean score path, whose alpha is 1
+            # (the queries carry their weights) and whose residual weight is the base's.
+            base_keep = keep ** (depth + 1) if base is not None else 0.
+            gated = None if base is None else _ResidualGate.apply(base, base_keep)
+            out, scores = _LeanScoreAttention.apply(q_cat, k_cat, v_in, gated, 1.0, base_keep, None, None)
+            if fold:
+                return out.to(v.dtype), ScoreFactors(base=scores, run=run)
+        else:
+            with torch.autocast(q.device.type, enabled=False):
+                out = _ChunkedAttention.apply(q_cat, k_cat, v_in)
+        return out.to(v.dtype), ScoreFactors(queries + (q_s, ), keys + (k, ), base, run)
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         # Checkpoints trained at another resolution carry relative-position tables of another length.

@@ -181,6 +181,26 @@ class PooledScores(NamedTuple):
     kv_grid: TokenGrid
 
 
+class ScoreFactors(NamedTuple):
+    """The carried scores of unpooled residual attention (ViT) kept as factors instead of a score tensor.
+
+    When every layer scores the same token pairs with the same heads, the recursion
+    ``S_l = alpha * R_l + (1 - alpha) * S_{l-1}`` with ``R_j = q_j k_j^T / sqrt(d)`` unrolls to
+    ``S_l = (1 - alpha)^(l - b) S_b + sum_{b < j <= l} alpha (1 - alpha)^(l - j) R_j``: a stored map ``S_b`` plus
+    one product of concatenated weighted queries and concatenated keys. The (B, heads, N, head_dim) factors cost
+    O(N) memory per layer where a score map costs O(N^2), but they widen the product by ``head_dim`` per layer.
+
+    ``queries`` holds the scaled queries and ``keys`` the keys of the layers since ``base`` (all layers so far when
+    it is None, the first of them then weighing ``(1 - alpha)^l``); both are empty before the first layer.
+    ``run``: after this many layers of factors, the next layer folds everything into a new ``base`` (its mixed
+    scores, which it makes anyway) and starts again; None never stores a map.
+    """
+    queries: Tuple[Tensor, ...] = ()
+    keys: Tuple[Tensor, ...] = ()
+    base: Optional[Tensor] = None
+    run: Optional[int] = None
+
+
 GridOp = Callable[[Tensor], Tensor]
 
 
