@@ -289,10 +289,11 @@ class PoolingResidualAttention(nn.Module):
 
     Without pooling and relative positions (plain ViT) the carried scores can instead be
     :class:`~mmvisatt.models.layers.residual_attention.ScoreFactors`: pass them as ``residual`` (empty ones in
-    the first layer) and the layer attends with concatenated weighted
-    queries and keys (:class:`_ChunkedAttention`), returning the factors extended by its own. No score-sized
-    tensor is made or kept, at the price of a query/key width that grows by ``head_dim`` per layer; the values are
-    the score path's up to rounding. With carried score tensors there is no fused path: they are materialised anyway.
+    the first layer) and the layer scores with concatenated weighted queries and keys plus the stored map, if
+    any, and returns the factors extended by its own, or folds everything into a new stored map at the end of a
+    run. Without a stored map no score-sized tensor is made or kept (:class:`_ChunkedAttention`); the query/key
+    width grows by ``head_dim`` per layer of the run. The values are the score path's up to rounding. With
+    carried score tensors there is no fused path: they are materialised anyway.
     """
 
     def __init__(self, dim: int, dim_out: int, num_heads: int, qkv_bias: bool = True,
@@ -414,18 +415,18 @@ class PoolingResidualAttention(nn.Module):
             dtype = torch.get_autocast_dtype(q.device.type)
         q_cat, k_cat, v_in = q_cat.to(dtype), k_cat.to(dtype), v.to(dtype)
         fold = run is not None and depth + 1 >= run
+        base_keep = None if base is None else keep ** (depth + 1)
         if torch.compiler.is_compiling():
             # the row-chunk loops depend on sizes Inductor cannot lower; it fuses the plain composition itself
             scores = q_cat @ k_cat.transpose(-2, -1)
             if base is not None:
-                scores = scores + keep ** (depth + 1) * base
+                scores = scores + base_keep * base
             out = scores.softmax(dim=-1) @ v_in
             if fold:
                 return out.to(v.dtype), ScoreFactors(base=scores, run=run)
         elif base is not None or fold:
             # A stored map to mix in, or this layer's scores to store: the lean score path, whose alpha is 1
             # (the queries carry their weights) and whose residual weight is the base's.
-            base_keep = keep ** (depth + 1) if base is not None else 0.
             gated = None if base is None else _ResidualGate.apply(base, base_keep)
             out, scores = _LeanScoreAttention.apply(q_cat, k_cat, v_in, gated, 1.0, base_keep, None, None)
             if fold:
