@@ -27,7 +27,7 @@ from torch import Tensor
 
 from mmvisatt.models.backbones.revit import PatchMerging, WindowResidualAttention
 from mmvisatt.models.layers.pooling_attention import PoolingResidualAttention
-from mmvisatt.models.layers.residual_attention import PooledScores, TokenGrid, WindowScores
+from mmvisatt.models.layers.residual_attention import PooledScores, ScoreFactors, TokenGrid, WindowScores
 from mmvisatt.models.layers.window import WindowGrid, window_token_coords
 
 Pair = Tuple[int, int]
@@ -249,7 +249,7 @@ class AttentionCapture:
             carried = output[1]
             if not isinstance(carried, PooledScores):
                 hint = (' Build the model with carry_factors=False: attention maps need the score maps, not their '
-                        'factors.' if type(carried).__name__ == 'ScoreFactors' else '')
+                        'factors.' if isinstance(carried, ScoreFactors) else '')
                 raise UnsupportedModelError(f'{block_name}.attn returned {type(carried).__name__}, not '
                                             f'PooledScores.{hint}')
             py, px = self.patch_stride
