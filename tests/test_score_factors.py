@@ -147,9 +147,11 @@ def test_factored_path_rejects_pooled_attention():
         with_rel_pos(torch.randn(1, 4, 4, 8), ScoreFactors(), 0.5)
 
 
-def _carried_kinds(model, x):
+def _carried_kinds(model, x, backbone=None):
+    """``model(x)`` and the type of what the last ReViT block carried (``backbone``: the ReViT inside model)."""
     kinds = []
-    hook = model.blocks[-1].attn.register_forward_hook(lambda m, a, out: kinds.append(type(out[1])))
+    last = (backbone or model).blocks[-1].attn
+    hook = last.register_forward_hook(lambda m, a, out: kinds.append(type(out[1])))
     try:
         out = model(x)
     finally:
@@ -208,8 +210,8 @@ def test_factored_revit_keeps_official_parity(run):
     model.backbone.factor_run = run
     ref = torch.load(CASE / 'outputs.pt', weights_only=True)
     with torch.no_grad():
-        out, kinds = _carried_kinds(model.backbone, torch.load(CASE / 'input.pt', weights_only=True).double())
-        full = model(torch.load(CASE / 'input.pt', weights_only=True).double())
+        full, kinds = _carried_kinds(model, torch.load(CASE / 'input.pt', weights_only=True).double(),
+                                     backbone=model.backbone)
     assert kinds == [ScoreFactors]
     for ours, theirs in zip(full['stages'], ref['stages'], strict=True):
         assert _rel(ours, theirs) < 1e-6
