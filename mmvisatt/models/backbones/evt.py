@@ -16,6 +16,7 @@ from typing import Dict, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 import torch.utils.checkpoint as cp
 from mmengine.registry import MODELS
 from timm.layers import DropPath, Mlp
@@ -25,7 +26,7 @@ from mmvisatt.checkpoint import register_converter
 from ..layers.spatial_decay import (SpatialDecay, TokenGroups, decayed_attention, group_tokens,
                                     grouped_attention_fused, ungroup_tokens)
 from .revit import PatchEmbed, PatchMerging
-from .rmt import ConvDownsample, ConvStem, RetentiveBlock, DecayBackbone
+from .rmt import ConvDownsample, ConvStem, DecayBackbone, RetentiveBlock, add_into
 
 MODES = ('grouped', 'dilated', 'full')
 
@@ -38,7 +39,8 @@ class EuclideanSelfAttention(nn.Module):
         num_heads: heads (each with its own decay).
         mode: ``'grouped'`` (EuSAg), ``'dilated'`` (EuSAd) or ``'full'``.
         lce: add a 5x5 depthwise conv of the values to the output (RMT's LCE).
-        fused: ``scaled_dot_product_attention`` or the explicit softmax reference.
+        fused: the fast path (``scaled_dot_product_attention``, the key scale folded into its weights, LCE added
+            into its own output) or the explicit softmax reference.
     """
 
     def __init__(self, dim: int, num_heads: int, mode: str = 'grouped', lce: bool = True, fused: bool = True):
@@ -58,8 +60,13 @@ class EuclideanSelfAttention(nn.Module):
     def forward(self, x: Tensor, bias: Tensor, groups: Optional[TokenGroups] = None) -> Tensor:
         """x: (B, H, W, C); bias: (heads, HW, HW) for full attention, else (heads, G, g, g) with ``groups``."""
         B, H, W, C = x.shape
-        q, k, v = self.q_proj(x), self.k_proj(x) * self.scale, self.v_proj(x)
-        local = 0 if self.lce is None else self.lce(v.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)
+        if self.fused:
+            # the scale goes into the (small) weights instead of a pass over the keys
+            k = F.linear(x, self.k_proj.weight * self.scale, self.k_proj.bias * self.scale)
+        else:
+            k = self.k_proj(x) * self.scale
+        q, v = self.q_proj(x), self.v_proj(x)
+        local = None if self.lce is None else self.lce(v.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)
         heads = self.num_heads
         if groups is None:
             q, k, v = (t.reshape(B, H * W, heads, -1).transpose(1, 2) for t in (q, k, v))
@@ -72,7 +79,10 @@ class EuclideanSelfAttention(nn.Module):
                        .permute(0, 3, 1, 2, 4).flatten(1, 2) for t in (q, k, v))
             out = decayed_attention(q, k, v, bias.flatten(0, 1), self.fused)
             out = ungroup_tokens(out.unflatten(1, (heads, -1)).permute(0, 2, 3, 1, 4).flatten(-2), groups)
-        return self.out_proj(out.reshape(B, H, W, C) + local)
+        out = out.reshape(B, H, W, C)
+        if local is not None:
+            out = add_into(local, out) if self.fused else out + local
+        return self.out_proj(out)
 
 
 class SwinEuSABlock(nn.Module):
@@ -109,7 +119,7 @@ class EVTStage(nn.Module):
         for mode, rate in zip(self.modes, drop_path):
             if style == 'rmt':
                 attn = EuclideanSelfAttention(dim, num_heads, mode, lce=True, fused=fused)
-                self.blocks.append(RetentiveBlock(dim, attn, mlp_ratio, rate, layer_scale))
+                self.blocks.append(RetentiveBlock(dim, attn, mlp_ratio, rate, layer_scale, fold=fused))
             else:
                 attn = EuclideanSelfAttention(dim, num_heads, mode, lce=False, fused=fused)
                 self.blocks.append(SwinEuSABlock(dim, attn, mlp_ratio, rate))

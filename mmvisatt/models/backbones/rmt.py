@@ -13,6 +13,7 @@ from typing import Dict, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 import torch.utils.checkpoint as cp
 from mmengine.logging import print_log
 from mmengine.registry import MODELS
@@ -92,40 +93,80 @@ class ManhattanSelfAttention(nn.Module):
         else:
             out = decayed_attention(q.flatten(2, 3), k.flatten(2, 3), v.flatten(2, 3), bias, self.fused)
             out = out.transpose(1, 2)
-        return self.out_proj(out.reshape(B, H, W, C) + lce)
+        out = out.reshape(B, H, W, C)
+        return self.out_proj(add_into(lce, out) if self.fused else out + lce)
+
+
+def residual_depthwise(conv: nn.Conv2d, x: Tensor, fold: bool) -> Tensor:
+    """``x + conv(x)`` for a same-size depthwise ``conv`` on channels-last tokens (B, H, W, C).
+
+    ``fold=True`` computes it as one convolution whose kernel has 1 added to its centre tap, which is the same
+    function and the same gradients (up to rounding): it saves a pass over the map and a map-sized allocation,
+    about half the cost of the pair on the FFN's wide hidden map. ``fold=False`` is the literal sum the
+    reference path keeps.
+    """
+    if not fold:
+        return x + conv(x.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)
+    centre = conv.kernel_size[0] // 2, conv.kernel_size[1] // 2
+    identity = torch.zeros_like(conv.weight)
+    identity[:, :, centre[0], centre[1]] = 1
+    out = F.conv2d(x.permute(0, 3, 1, 2), conv.weight + identity, conv.bias, conv.stride, conv.padding,
+                   conv.dilation, conv.groups)
+    return out.permute(0, 2, 3, 1)
+
+
+def add_into(fresh: Tensor, x: Tensor) -> Tensor:
+    """``x + fresh``, written into ``fresh`` when that gives the same tensor: same shape, and ``fresh`` already has
+    the promoted dtype (autocast can hand a bfloat16 ``fresh`` a float32 ``x``; that add allocates as before).
+
+    The fast path's residual adds: ``fresh`` must be a map the caller just made and no backward saves (the output
+    of a linear layer, a convolution, a scale or drop path), so reusing it is safe under autograd too. It saves a
+    map-sized allocation, whose first touch costs page faults on the CPU. Addition commutes, so the values are
+    bit-identical to ``x + fresh``.
+    """
+    if fresh.shape == x.shape and fresh.dtype == torch.result_type(fresh, x):
+        return fresh.add_(x)
+    return x + fresh
 
 
 class ConvFFN(nn.Module):
-    """fc1 -> GELU -> h + DWConv3x3(h) -> fc2, channels-last."""
+    """fc1 -> GELU -> h + DWConv3x3(h) -> fc2, channels-last; ``fold``: see :func:`residual_depthwise`."""
 
-    def __init__(self, dim: int, hidden: int):
+    def __init__(self, dim: int, hidden: int, fold: bool = False):
         super().__init__()
+        self.fold = fold
         self.fc1 = nn.Linear(dim, hidden)
         self.act = nn.GELU()
         self.dwconv = nn.Conv2d(hidden, hidden, 3, 1, 1, groups=hidden)
         self.fc2 = nn.Linear(hidden, dim)
 
     def forward(self, x: Tensor) -> Tensor:
-        x = self.act(self.fc1(x))
-        x = x + self.dwconv(x.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)
-        return self.fc2(x)
+        h = self.fc1(x)
+        if self.fold and not (torch.is_grad_enabled() and h.requires_grad):
+            # no backward needs fc1's output here, so GELU can overwrite it: one wide map fewer to allocate
+            h = torch.ops.aten.gelu_(h)
+        else:
+            h = self.act(h)
+        return self.fc2(residual_depthwise(self.dwconv, h, self.fold))
 
 
 class RetentiveBlock(nn.Module):
     """x += DWConv3x3(x) (CPE); x += ls1 * attn(LN(x)); x += ls2 * FFN(LN(x)), channels-last.
 
     ``attn`` is any module called as ``attn(x, *context)`` with the context its stage prepares (MaSA here, EuSA
-    in EVT), so the two families share the block.
+    in EVT), so the two families share the block. ``fold`` computes the two depthwise convs' residuals inside the
+    convs (:func:`residual_depthwise`), part of the fast path.
     """
 
     def __init__(self, dim: int, attn: nn.Module, mlp_ratio: float, drop_path: float = 0.,
-                 layer_scale: Optional[float] = None):
+                 layer_scale: Optional[float] = None, fold: bool = False):
         super().__init__()
+        self.fold = fold
         self.cpe = nn.Conv2d(dim, dim, 3, 1, 1, groups=dim)
         self.norm1 = nn.LayerNorm(dim, eps=1e-6)
         self.attn = attn
         self.norm2 = nn.LayerNorm(dim, eps=1e-6)
-        self.ffn = ConvFFN(dim, int(mlp_ratio * dim))
+        self.ffn = ConvFFN(dim, int(mlp_ratio * dim), fold)
         self.drop_path = DropPath(drop_path) if drop_path > 0. else nn.Identity()
         if layer_scale is not None:
             self.gamma_1 = nn.Parameter(torch.full((dim, ), float(layer_scale)))
@@ -134,11 +175,13 @@ class RetentiveBlock(nn.Module):
             self.gamma_1 = self.gamma_2 = None
 
     def forward(self, x: Tensor, *context) -> Tensor:
-        x = x + self.cpe(x.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)
-        y = self.attn(self.norm1(x), *context)
-        x = x + self.drop_path(y if self.gamma_1 is None else self.gamma_1 * y)
-        y = self.ffn(self.norm2(x))
-        return x + self.drop_path(y if self.gamma_2 is None else self.gamma_2 * y)
+        x = residual_depthwise(self.cpe, x, self.fold)
+        x = self._residual(x, self.attn(self.norm1(x), *context), self.gamma_1)
+        return self._residual(x, self.ffn(self.norm2(x)), self.gamma_2)
+
+    def _residual(self, x: Tensor, y: Tensor, gamma: Optional[Tensor]) -> Tensor:
+        y = self.drop_path(y if gamma is None else gamma * y)
+        return add_into(y, x) if self.fold else x + y
 
 
 class ConvStem(nn.Module):
@@ -191,7 +234,7 @@ class RMTStage(nn.Module):
         self.decay = SpatialDecay(num_heads, init_value, heads_range)
         self.blocks = nn.ModuleList([
             RetentiveBlock(dim, ManhattanSelfAttention(dim, num_heads, decomposed, fused), mlp_ratio,
-                           drop_path[i], layer_scale) for i in range(depth)
+                           drop_path[i], layer_scale, fold=fused) for i in range(depth)
         ])
         self.downsample = ConvDownsample(dim, out_dim) if out_dim else None
 
@@ -309,7 +352,9 @@ class RMT(DecayBackbone):
         drop_path_rate: stochastic depth at the last block; None takes the preset's official value
             (0.1 / 0.15 / 0.4 / 0.5 for T / S / B / L, also what the official detection configs use).
         layer_init_values: initial layer-scale value where the arch has layer scale.
-        fused_attention: ``scaled_dot_product_attention`` (True) or the explicit softmax reference.
+        fused_attention: the fast path (True: ``scaled_dot_product_attention``, and the residual adds of the depthwise
+            convs and blocks in their allocation-saving forms, :func:`residual_depthwise` and :func:`add_into`) or
+            the explicit softmax reference with literal adds, the parity oracle.
         out_norms: a LayerNorm per output (dense tasks, as the official ``extra_norms``); False returns the raw
             stage outputs, which the official classifier reads (with :class:`RMTProjectionNeck`).
         out_indices: outputs to return (default: all stages, i.e. (0, 1, 2, 3)).
