@@ -113,6 +113,22 @@ def test_detection_config_batch_and_options(tiny_det_config):
     assert report['models'][0]['params']['backbone'] < report['models'][0]['params']['total']
 
 
+def test_cpu_clock_times_the_passes_and_says_so(tmp_path, capsys, monkeypatch):
+    """--clock cpu reads time.process_time around each pass: a fake clock that advances 5 ms per call gives 5 ms
+    passes whatever the pass took, which the wall clock would not."""
+    import mmvisatt.analysis.benchmark as benchmark
+    ticks = iter(range(10 ** 6))
+    monkeypatch.setitem(benchmark.CLOCKS, 'cpu', lambda: next(ticks) * 5e-3)
+    out = tmp_path / 'cpu.json'
+    main(['--backbone', 'ReSwinTransformer', '--arch', TINY, *QUICK, '--measure', 'inference', '--clock', 'cpu',
+          '--out', str(out)])
+    table = capsys.readouterr().out
+    report = json.loads(out.read_text())
+    assert report['settings']['clock'] == 'cpu'
+    assert report['models'][0]['inference']['times_ms'] == [5.0, 5.0]
+    assert '(CPU time)' in table.splitlines()[1]
+
+
 def test_summarize():
     stats = summarize([5.0, 1.0, 3.0, 2.0, 4.0])
     assert (stats['median'], stats['q1'], stats['q3'], stats['iqr']) == (3.0, 2.0, 4.0, 2.0)
@@ -205,3 +221,13 @@ def test_reswin_pair_builds_swin_from_the_reswin_config(capsys):
     finally:
         torch.set_num_threads(threads)
     assert ta > 0 and tb > 0 and 'mmdet Swin-T' in capsys.readouterr().out
+
+
+def test_cpu_clock_is_refused_for_a_gpu_and_unknown_clocks_are_named(monkeypatch):
+    with pytest.raises(BenchmarkError, match="Unknown clock 'gpu'"):
+        BenchmarkSettings(clock='gpu')
+    # the settings only ask whether CUDA exists; pretend it does to reach the clock check
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
+    with pytest.raises(BenchmarkError, match='use --clock wall'):
+        BenchmarkSettings(device='cuda', clock='cpu')
+    assert BenchmarkSettings(device='cuda').clock == 'wall'

@@ -16,6 +16,11 @@ What is measured, on a synthetic batch of the requested resolution and batch siz
   and the RSS follows what the tensors hold. ``step_peak_mib`` is the peak above the memory held once the model
   and batch exist (on CPU that baseline includes the interpreter and libraries, reported as ``baseline_mib``).
 
+``clock`` ``'wall'`` (default) times with ``time.perf_counter``; ``'cpu'`` with the process's CPU time
+(``time.process_time``, CPU only), which on a machine shared with other jobs leaves out the waits for a core. CPU
+time sums all threads of the process, so with more than one torch thread it is work, not latency; it includes the
+kernel's time for the process (page faults of fresh allocations), which is part of the cost.
+
 ``dtype`` ``bf16`` / ``fp16`` mean autocast mixed precision with float32 weights (what mmengine's
 ``AmpOptimWrapper`` does); fp16 training scales the loss with a ``GradScaler``.
 
@@ -47,6 +52,7 @@ CONFIG_DIR = osp.join(osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))
 DTYPES = {'float32': torch.float32, 'bf16': torch.bfloat16, 'fp16': torch.float16}
 DTYPE_ALIASES = {'fp32': 'float32', 'bfloat16': 'bf16', 'float16': 'fp16', 'half': 'fp16'}
 MEASUREMENTS = ('inference', 'train', 'inference-memory', 'train-memory')
+CLOCKS = {'wall': time.perf_counter, 'cpu': time.process_time}
 TASK_SCOPES = ('mmdet', 'mmseg', 'mmpretrain')
 _RESULT_MARK = 'BENCHMARK-RESULT '
 _MIB = 2.0 ** 20
@@ -90,7 +96,7 @@ class ModelSpec:
 @dataclass
 class BenchmarkSettings:
     """How to measure. ``shape`` is (height, width); ``with_cp`` None keeps the backbone's own setting;
-    ``threads`` None keeps torch's default (``OMP_NUM_THREADS``)."""
+    ``threads`` None keeps torch's default (``OMP_NUM_THREADS``); ``clock`` see the module docstring."""
     shape: Tuple[int, int] = (224, 224)
     batch_size: int = 1
     dtype: str = 'float32'
@@ -101,6 +107,7 @@ class BenchmarkSettings:
     memory_steps: int = 2
     threads: Optional[int] = None
     seed: int = 0
+    clock: str = 'wall'
 
     def __post_init__(self):
         self.dtype = DTYPE_ALIASES.get(self.dtype, self.dtype)
@@ -116,6 +123,11 @@ class BenchmarkSettings:
             raise BenchmarkError(f'warmup must be 0 or more, got {self.warmup}.')
         if self.device.startswith('cuda') and not torch.cuda.is_available():
             raise BenchmarkError(f"device '{self.device}' requested but CUDA is not available; use --device cpu.")
+        if self.clock not in CLOCKS:
+            raise BenchmarkError(f"Unknown clock '{self.clock}'; choose one of {sorted(CLOCKS)}.")
+        if self.clock == 'cpu' and torch.device(self.device).type != 'cpu':
+            raise BenchmarkError(f"clock 'cpu' measures this process's CPU time, which leaves out the work of "
+                                 f"device '{self.device}'; use --clock wall there.")
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -529,15 +541,16 @@ def _synchronize(device: str) -> None:
 def time_passes(workload: Workload, mode: str) -> dict:
     """``warmup`` untimed then ``repeats`` timed passes of ``mode``; times in ms and throughput in images/s."""
     settings = workload.settings
+    clock = CLOCKS[settings.clock]
     for _ in range(settings.warmup):
         workload.run(mode)
     times = []
     for _ in range(settings.repeats):
         _synchronize(settings.device)
-        start = time.perf_counter()
+        start = clock()
         workload.run(mode)
         _synchronize(settings.device)
-        times.append((time.perf_counter() - start) * 1e3)
+        times.append((clock() - start) * 1e3)
     stats = summarize(times)
     return dict(time_ms=stats, throughput=settings.batch_size / (stats['median'] / 1e3),
                 times_ms=[round(t, 3) for t in times])
@@ -779,6 +792,8 @@ def format_report(report: dict) -> str:
              f"{report['machine']['torch_threads']} threads")
     if {'inference', 'train'} & set(report['measure']):
         title += f", warm-up {s['warmup']}, {s['repeats']} timed repeats"
+        if s.get('clock') == 'cpu':
+            title += ' (CPU time)'
     if {'inference-memory', 'train-memory'} & set(report['measure']):
         title += f", peak memory of {s['memory_steps']} passes"
     lines = [title,
@@ -835,6 +850,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help='passes per memory measurement (default 2: the second training step holds the '
                         'optimizer state the first one creates)')
     parser.add_argument('--threads', type=int, help='torch CPU threads (default: OMP_NUM_THREADS / all cores)')
+    parser.add_argument('--clock', choices=sorted(CLOCKS), default='wall',
+                        help="time passes by elapsed time (wall, default) or by this process's CPU time (cpu: "
+                        "leaves out waits for a core on a shared machine; sums the threads)")
     parser.add_argument('--seed', type=int, default=0)
     parser.add_argument('--config-dir', default=CONFIG_DIR, help='where backbone presets are looked up')
     parser.add_argument('--out', metavar='FILE.json', help='write the report as JSON')
@@ -861,7 +879,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     settings = BenchmarkSettings(shape=tuple(shape), batch_size=args.batch_size, dtype=args.dtype,
                                  device=args.device, with_cp=args.with_cp, warmup=args.warmup,
                                  repeats=args.repeats, memory_steps=args.memory_steps, threads=args.threads,
-                                 seed=args.seed)
+                                 seed=args.seed, clock=args.clock)
     report = run_benchmark(specs, settings, args.measure, log=lambda msg: print(msg, flush=True))
     print(format_report(report))
     if args.out:
