@@ -511,3 +511,9 @@ def test_factored_revit_is_rejected_with_the_fix():
     model = ReViT(arch=VIT_TINY, img_size=64, patch_size=8, carry_factors=True)
     with pytest.raises(UnsupportedModelError, match='carry_factors=False'), AttentionCapture(model), torch.no_grad():
         model(torch.randn(1, 3, 64, 64))
+
+
+def test_handed_on_scores_are_rejected_with_the_fix():
+    model = ReMViTv2(arch=dict(embed_dims=16, depths=(1, 2, 1, 1), num_heads=1), handoff=True)
+    with pytest.raises(UnsupportedModelError, match='handoff=False'), AttentionCapture(model), torch.no_grad():
+        model(torch.randn(1, 3, 64, 64))

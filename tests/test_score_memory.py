@@ -157,12 +157,15 @@ def test_lean_path_saves_one_score_sized_tensor():
     assert _score_sized_saved(lean, x, residual, alpha) == 1
 
 
+# maps carried in every block: in training ReMViTv2 hands reducible scores on shrunk by default
+# (tests/test_score_handoff.py)
 BACKBONES = {
-    'ReMViTv2': (ReMViTv2, dict(arch=dict(embed_dims=16, depths=(1, 1, 2, 1), num_heads=1), img_size=64)),
+    'ReMViTv2': (ReMViTv2, dict(arch=dict(embed_dims=16, depths=(1, 1, 2, 1), num_heads=1), img_size=64,
+                                handoff=False)),
     'ReMViTv2-official': (ReMViTv2, dict(arch=dict(embed_dims=16, depths=(1, 1, 2, 1), num_heads=1), img_size=64,
                                          residual_mode='official')),
     'ReMViTv2-constant-alpha': (ReMViTv2, dict(arch=dict(embed_dims=16, depths=(1, 2, 1, 1), num_heads=1),
-                                               img_size=64, learnable_alpha=False)),
+                                               img_size=64, learnable_alpha=False, handoff=False)),
     # score tensors carried also under with_cp (its default carries factors: tests/test_score_factors.py)
     'ReViT': (ReViT, dict(arch=dict(embed_dims=32, depth=3, num_heads=4), img_size=64, carry_factors=False)),
 }

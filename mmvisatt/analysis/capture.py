@@ -252,6 +252,10 @@ class AttentionCapture:
                         'factors.' if isinstance(carried, ScoreFactors) else '')
                 raise UnsupportedModelError(f'{block_name}.attn returned {type(carried).__name__}, not '
                                             f'PooledScores.{hint}')
+            if carried.made_on is not None:
+                raise UnsupportedModelError(f'{block_name}.attn handed its scores on already reduced for the next '
+                                            f'block; build the model with handoff=False to capture its attention '
+                                            f'maps.')
             py, px = self.patch_stride
             q, kv = carried.q_grid, carried.kv_grid
             self.records.append(

@@ -323,11 +323,11 @@ class ReViTBlock(nn.Module):
         self.norm2 = nn.LayerNorm(dim_out, eps=1e-6)
         self.mlp = Mlp(dim_out, int(dim_out * mlp_ratio), act_layer=nn.GELU)
 
-    def forward(self, x: Tensor, residual: Union[PooledScores, ScoreFactors, None],
-                alpha: Union[Tensor, float]) -> Tuple[Tensor, Union[PooledScores, ScoreFactors]]:
+    def forward(self, x: Tensor, residual: Union[PooledScores, ScoreFactors, None], alpha: Union[Tensor, float],
+                handoff: bool = False) -> Tuple[Tensor, Union[PooledScores, ScoreFactors]]:
         """x: (B, H, W, C) -> (B, H_q, W_q, C_out), plus what this layer carries on (see the attention)."""
         x_norm = self.norm1(x)
-        out, scores = self.attn(x_norm, residual, alpha)
+        out, scores = self.attn(x_norm, residual, alpha, handoff)
         shortcut = x if self.shortcut_proj is None else self.shortcut_proj(x_norm)
         if self.shortcut_pool is not None:
             shortcut = self.shortcut_pool(shortcut.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)
@@ -340,12 +340,12 @@ Carried = Union[PooledScores, ScoreFactors, None]
 
 
 def _run_blocks(blocks: Sequence[nn.Module], x: Tensor, residual: Carried, alpha: Union[Tensor, float],
-                with_cp: bool) -> Tuple[Tensor, Carried]:
+                with_cp: bool, handoff: bool = False) -> Tuple[Tensor, Carried]:
     for block in blocks:
         if with_cp and x.requires_grad:
-            x, residual = cp.checkpoint(block, x, residual, alpha, use_reentrant=False)
+            x, residual = cp.checkpoint(block, x, residual, alpha, handoff, use_reentrant=False)
         else:
-            x, residual = block(x, residual, alpha)
+            x, residual = block(x, residual, alpha, handoff)
     return x, residual
 
 
@@ -501,10 +501,12 @@ class ReMViTStage(nn.Module):
         self.with_cp = with_cp
         self.blocks = nn.ModuleList(blocks)
 
-    def forward(self, x: Tensor, residual: Optional[PooledScores],
-                alpha: Union[Tensor, float]) -> Tuple[Tensor, Optional[PooledScores]]:
-        """(B, H, W, C_in) -> (B, H', W', C)."""
-        return _run_blocks(self.blocks, x, residual, alpha, self.with_cp)
+    def forward(self, x: Tensor, residual: Optional[PooledScores], alpha: Union[Tensor, float],
+                handoff: Optional[bool] = False) -> Tuple[Tensor, Optional[PooledScores]]:
+        """(B, H, W, C_in) -> (B, H', W', C); ``handoff`` None: when a backward will follow."""
+        if handoff is None:
+            handoff = x.requires_grad
+        return _run_blocks(self.blocks, x, residual, alpha, self.with_cp, handoff)
 
 
 def _per_stage(value: Union[int, Sequence[int]], num_stages: int, name: str) -> Tuple[int, ...]:
@@ -545,6 +547,12 @@ class ReMViTv2(AttentionBackbone):
             ``model/attention.py`` (square-grid logic), which only runs on square maps with sides divisible by
             the strides. Both give the same result there, e.g. at 224x224.
         alpha_init, learnable_alpha: the residual gate (a constant when not learnable).
+        handoff: blocks whose scores the next block shrinks (pools their queries or keys, or averages their
+            heads) hand them on already shrunk, row chunk by row chunk, and recompute ``q k^T`` in the backward
+            instead of keeping their own map (``PoolingResidualAttention``'s handoff). None (default) does so
+            when a backward will follow (the input requires grad): at 800x1216 it halves the training peak for
+            the same step time; inference keeps the map path. True / False force it on / off
+            (``residual_mode='aligned'`` only). The values are the same up to rounding.
         out_indices, frozen_stages, norm_eval, with_cp, drop_path_rate, init_cfg: as in ReSwinTransformer.
     """
     arch_zoo = {
@@ -563,9 +571,11 @@ class ReMViTv2(AttentionBackbone):
                  residual_pooling: bool = True, drop_path_rate: float = 0.1, residual_mode: str = 'aligned',
                  alpha_init: float = 0.5, learnable_alpha: bool = True, out_indices: Sequence[int] = (0, 1, 2, 3),
                  frozen_stages: int = -1, norm_eval: bool = False, with_cp: bool = False,
-                 init_cfg: Optional[dict] = None):
+                 handoff: Optional[bool] = None, init_cfg: Optional[dict] = None):
         super().__init__(init_cfg=init_cfg)
         arch = self._resolve_arch(arch)
+        if handoff is not None and not isinstance(handoff, bool):
+            raise ValueError(f'handoff must be None, True or False, got {handoff!r}')
         if residual_mode not in POOLED_ALIGNERS:
             raise ValueError(f"residual_mode must be one of {sorted(POOLED_ALIGNERS)}, got '{residual_mode}'")
         depths = tuple(arch['depths'])
@@ -603,6 +613,10 @@ class ReMViTv2(AttentionBackbone):
                 side //= stride_q[1]
                 in_dim = dims[i]
             self.stages.append(ReMViTStage(blocks, with_cp))
+        self.handoff = handoff
+        attns = [block.attn for stage in self.stages for block in stage.blocks]
+        for attn, nxt in zip(attns, attns[1:]):
+            attn.next_block = (nxt.stride_q, nxt.stride_kv, nxt.num_heads)
         for i in self.out_indices:
             self.add_module(f'norm{i}', nn.LayerNorm(dims[i], eps=1e-6))
         self._freeze_stages()
@@ -619,7 +633,7 @@ class ReMViTv2(AttentionBackbone):
         residual = None
         outs = []
         for i, stage in enumerate(self.stages):
-            x, residual = stage(x, residual, self.alpha)
+            x, residual = stage(x, residual, self.alpha, self.handoff)
             if i in self.out_indices:
                 outs.append(getattr(self, f'norm{i}')(x).permute(0, 3, 1, 2).contiguous())
         return tuple(outs)

@@ -174,11 +174,14 @@ class TokenGrid(NamedTuple):
 class PooledScores(NamedTuple):
     """Mixed scores of one pooling-attention layer with the grids they were computed on.
 
-    ``scores``: (B, heads, q_grid.num_tokens, kv_grid.num_tokens).
+    ``scores``: (B, heads, q_grid.num_tokens, kv_grid.num_tokens). ``made_on``: the query grid of the layer that
+    made them when it handed them on already reduced for the next layer (``ScoreHandoff``; ``q_grid`` is then the
+    next layer's query grid), else None: the next layer's input is that grid.
     """
     scores: Tensor
     q_grid: TokenGrid
     kv_grid: TokenGrid
+    made_on: Optional[TokenGrid] = None
 
 
 class ScoreFactors(NamedTuple):
