@@ -326,16 +326,16 @@ def plan_handoff(q_grid: TokenGrid, kv_grid: TokenGrid, num_heads: int,
     return ScoreHandoff(mean_heads, q_grid.size, q_pool, kv_grid.size, kv_pool, out_q, _pooled_grid(kv_grid, kv_pool))
 
 
-def _handoff_row_chunks(handoff: ScoreHandoff, row_numel: int) -> List[Tuple[int, int, int, int]]:
+def _handoff_row_chunks(handoff: ScoreHandoff, row_numel: int) -> List[Tuple[int, int, int]]:
     """Token-row ranges of whole query-pooling windows (grid rows in multiples of ``q_pool[0]``), within the
-    :func:`_row_chunks` budget; each with the range of handed-on rows it makes."""
+    :func:`_row_chunks` budget; each with the first handed-on row it makes."""
     (qh, qw), ph = handoff.q_size, handoff.q_pool[0]
     out_w = handoff.q_grid.width
     units = -(-qh // ph)
     chunks = []
     for u0, u1 in _row_chunks(units, row_numel * qw * ph):
         r0, r1 = u0 * ph, min(u1 * ph, qh)
-        chunks.append((r0 * qw, r1 * qw, u0 * out_w, u1 * out_w))
+        chunks.append((r0 * qw, r1 * qw, u0 * out_w))
     return chunks
 
 
@@ -381,7 +381,7 @@ class _HandoffScoreAttention(torch.autograd.Function):
         rel_h, rel_w = _flat_rows(rel_h), _flat_rows(rel_w)
         chunks = _handoff_row_chunks(handoff, B * heads * k.shape[-2])
         out = handed = None
-        for a, b, c, d in chunks:
+        for a, b, c in chunks:
             part, rows = _handoff_chunk(q_s[:, :, a:b], k, v, _rows(prev, a, b), alpha, keep, _rows(rel_h, a, b),
                                         _rows(rel_w, a, b), expand, handoff, (b - a) // qw)
             if out is None:
@@ -405,9 +405,10 @@ class _HandoffScoreAttention(torch.autograd.Function):
         k_l, v_l, alpha_l, keep_l = leaf(k, 3), leaf(v, 4), leaf(alpha_t, 6), leaf(keep_t, 7)
         alpha = ctx.floats[0] if alpha_l is None else alpha_l
         keep = ctx.floats[1] if keep_l is None else keep_l
-        grads = {name: None for name in ('q_s', 'prev', 'rel_h', 'rel_w')}
-        shared = {'k': None, 'v': None, 'alpha': None, 'keep': None}
-        for a, b, c, d in ctx.chunks:
+        sliced = dict(q_s=q_s, prev=prev, rel_h=rel_h, rel_w=rel_w)  # inputs whose rows the chunks split
+        grads = dict.fromkeys(sliced)
+        shared = dict.fromkeys(('k', 'v', 'alpha', 'keep'))
+        for a, b, c in ctx.chunks:
             with torch.enable_grad(), torch.autocast(ctx.device_type, dtype=ctx.autocast_dtype,
                                                      enabled=ctx.autocast):
                 inputs = dict(q_s=leaf(q_s[:, :, a:b], 2), prev=leaf(_rows(prev, a, b), 5),
@@ -426,15 +427,14 @@ class _HandoffScoreAttention(torch.autograd.Function):
             if not outputs or not targets:
                 continue
             found = torch.autograd.grad(outputs, list(targets.values()), seeds, allow_unused=True)
-            for (name, target), grad in zip(targets.items(), found):
+            for name, grad in zip(targets, found):
                 if grad is None:
                     continue
                 if name in shared:
                     shared[name] = grad if shared[name] is None else shared[name] + grad
                 else:
-                    full = {'q_s': q_s, 'prev': prev, 'rel_h': rel_h, 'rel_w': rel_w}[name]
                     if grads[name] is None:
-                        grads[name] = full.new_zeros(full.shape)
+                        grads[name] = sliced[name].new_zeros(sliced[name].shape)
                     grads[name][:, :, a:b] = grad
         d_rel_h, d_rel_w = (None if g is None else g.view(src.shape[:2] + (-1, qw, src.shape[-1]))
                             for g, src in ((grads['rel_h'], rel_h), (grads['rel_w'], rel_w)))
@@ -567,11 +567,10 @@ class PoolingResidualAttention(nn.Module):
         plan = None
         if handoff and self.next_block is not None and self.align is align_pooled_by_position:
             plan = plan_handoff(q_grid, kv_grid, self.num_heads, self.next_block)
+        carried = None
         if plan is not None and not torch.compiler.is_compiling():
             x, scores = self._handoff_scores(q, k, v, residual, alpha, q_grid, kv_grid, q_size, kv_size, plan)
-            x = x + q if self.residual_pooling else x
-            x = x.transpose(1, 2).reshape(B, *q_size, self.dim_out)
-            return self.proj(x), PooledScores(scores, plan.q_grid, plan.kv_grid, q_grid)
+            carried = PooledScores(scores, plan.q_grid, plan.kv_grid, q_grid)
         elif self.lean_scores and not torch.compiler.is_compiling():
             x, scores = self._lean_scores(q, k, v, residual, alpha, q_grid, kv_grid, q_size, kv_size)
         else:
@@ -586,7 +585,7 @@ class PoolingResidualAttention(nn.Module):
         if self.residual_pooling:
             x = x + q
         x = x.transpose(1, 2).reshape(B, *q_size, self.dim_out)
-        return self.proj(x), PooledScores(scores, q_grid, kv_grid)
+        return self.proj(x), carried or PooledScores(scores, q_grid, kv_grid)
 
     def _lean_scores(self, q: Tensor, k: Tensor, v: Tensor, residual: Optional[PooledScores],
                      alpha: Union[Tensor, float], q_grid: TokenGrid, kv_grid: TokenGrid, q_size: Pair,
