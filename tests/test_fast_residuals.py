@@ -10,8 +10,9 @@ import torch
 import torch.nn as nn
 
 from mmvisatt.models.backbones import EVT
-from mmvisatt.models.backbones.rmt import (ConvFFN, ManhattanSelfAttention, RasterRotary, RetentiveBlock, add_into,
+from mmvisatt.models.backbones.rmt import (ConvFFN, ManhattanSelfAttention, RasterRotary, RetentiveBlock,
                                            residual_depthwise)
+from mmvisatt.models.layers.inplace import add_into
 from mmvisatt.models.layers.spatial_decay import SpatialDecay
 
 
@@ -51,6 +52,10 @@ def test_add_into_reuses_the_fresh_map_only_when_the_sum_is_the_same_tensor():
     row = torch.randn(4)
     out = add_into(row, x)
     assert out.shape == x.shape and torch.equal(out, x + row)
+    # a smaller operand that broadcasts into the fresh map (relative-position terms into the scores) goes in place
+    fresh = torch.randn(2, 3, 4)
+    expected = fresh + row
+    assert add_into(fresh, row).data_ptr() == fresh.data_ptr() and torch.equal(fresh, expected)
 
 
 def _block_pair(layer_scale, drop_path):

@@ -23,10 +23,11 @@ from timm.layers import DropPath, Mlp
 from torch import Tensor
 
 from mmvisatt.checkpoint import register_converter
+from ..layers.inplace import add_into
 from ..layers.spatial_decay import (SpatialDecay, TokenGroups, decayed_attention, group_tokens,
                                     grouped_attention_fused, ungroup_tokens)
 from .revit import PatchEmbed, PatchMerging
-from .rmt import ConvDownsample, ConvStem, DecayBackbone, RetentiveBlock, add_into
+from .rmt import ConvDownsample, ConvStem, DecayBackbone, RetentiveBlock
 
 MODES = ('grouped', 'dilated', 'full')
 

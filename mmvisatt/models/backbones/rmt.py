@@ -21,6 +21,7 @@ from timm.layers import DropPath
 from torch import Tensor
 
 from mmvisatt.checkpoint import load_pretrained, read_checkpoint, register_converter
+from ..layers.inplace import add_into
 from ..layers.spatial_decay import SpatialDecay, decayed_attention
 from .base import AttentionBackbone, LayerOrder, init_transformer_weights, stage_layer_order
 
@@ -115,20 +116,6 @@ def residual_depthwise(conv: nn.Conv2d, x: Tensor, fold: bool) -> Tensor:
     return out.permute(0, 2, 3, 1)
 
 
-def add_into(fresh: Tensor, x: Tensor) -> Tensor:
-    """``x + fresh``, written into ``fresh`` when that gives the same tensor: same shape, and ``fresh`` already has
-    the promoted dtype (autocast can hand a bfloat16 ``fresh`` a float32 ``x``; that add allocates as before).
-
-    The fast path's residual adds: ``fresh`` must be a map the caller just made and no backward saves (the output
-    of a linear layer, a convolution, a scale or drop path), so reusing it is safe under autograd too. It saves a
-    map-sized allocation, whose first touch costs page faults on the CPU. Addition commutes, so the values are
-    bit-identical to ``x + fresh``.
-    """
-    if fresh.shape == x.shape and fresh.dtype == torch.result_type(fresh, x):
-        return fresh.add_(x)
-    return x + fresh
-
-
 class ConvFFN(nn.Module):
     """fc1 -> GELU -> h + DWConv3x3(h) -> fc2, channels-last; ``fold``: see :func:`residual_depthwise`."""
 
@@ -181,6 +168,7 @@ class RetentiveBlock(nn.Module):
 
     def _residual(self, x: Tensor, y: Tensor, gamma: Optional[Tensor]) -> Tensor:
         y = self.drop_path(y if gamma is None else gamma * y)
+        # y is a fresh output of a linear layer, scale or drop path: the fast path adds the residual into it
         return add_into(y, x) if self.fold else x + y
 
 
@@ -353,8 +341,9 @@ class RMT(DecayBackbone):
             (0.1 / 0.15 / 0.4 / 0.5 for T / S / B / L, also what the official detection configs use).
         layer_init_values: initial layer-scale value where the arch has layer scale.
         fused_attention: the fast path (True: ``scaled_dot_product_attention``, and the residual adds of the depthwise
-            convs and blocks in their allocation-saving forms, :func:`residual_depthwise` and :func:`add_into`) or
-            the explicit softmax reference with literal adds, the parity oracle.
+            convs and blocks in their allocation-saving forms, :func:`residual_depthwise` and
+            :func:`~mmvisatt.models.layers.inplace.add_into`) or the explicit softmax reference with literal adds,
+            the parity oracle.
         out_norms: a LayerNorm per output (dense tasks, as the official ``extra_norms``); False returns the raw
             stage outputs, which the official classifier reads (with :class:`RMTProjectionNeck`).
         out_indices: outputs to return (default: all stages, i.e. (0, 1, 2, 3)).

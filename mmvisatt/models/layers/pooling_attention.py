@@ -13,6 +13,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
+from .inplace import add_into
 from .residual_attention import (POOLED_ALIGNERS, PooledScores, ScoreFactors, TokenGrid, _on_key_axis, _on_query_axis,
                                  _pool_and_repeat, align_pooled_by_position, mix_scores, regrid_by_position)
 
@@ -59,11 +60,6 @@ def add_decomposed_rel_pos(scores: Tensor, q: Tensor, q_size: Pair, kv_size: Pai
     rel_h, rel_w = decomposed_rel_pos_terms(q, q_size, kv_size, rel_pos_h, rel_pos_w)
     scores = (scores.reshape(B, -1, qh, qw, kh, kw) + rel_h[..., :, None]).add_(rel_w[..., None, :])
     return scores.reshape(B, -1, qh * qw, kh * kw)
-
-
-def _add_into(t: Tensor, other: Tensor) -> Tensor:
-    """``t + other``, written into ``t`` unless type promotion needs a wider result (bf16 autocast)."""
-    return t.add_(other) if torch.result_type(t, other) == t.dtype else t + other
 
 
 def _row_chunks(rows: int, row_numel: int, budget: int = 1 << 22):
@@ -138,7 +134,7 @@ class _LeanScoreAttention(torch.autograd.Function):
                 scores[:, :, a:b].add_(keep * aligned[:, :, a:b])
         if rel_h is not None:
             qh, qw, kh, kw = rel_h.shape[2], rel_h.shape[3], rel_h.shape[4], rel_w.shape[4]
-            grid = _add_into(scores.view(B, heads, qh, qw, kh, kw), rel_h[..., :, None])
+            grid = add_into(scores.view(B, heads, qh, qw, kh, kw), rel_h[..., :, None])
             scores = grid.add_(rel_w[..., None, :]).view(B, heads, Nq, Nk)
             ctx.rel_qh, ctx.rel_kw = qh, kw
         out = None
@@ -190,7 +186,7 @@ class _LeanScoreAttention(torch.autograd.Function):
                 d_r = scores.new_zeros(B, heads, b - a, Nk)
             del probs
             if d_scores_in is not None:
-                d_r = _add_into(d_r, d_scores_in[:, :, a:b])
+                d_r = add_into(d_r, d_scores_in[:, :, a:b])
             if rel:
                 grid = d_r.reshape(B, heads, b - a, Nk // kw, kw)
                 d_rel_h[:, :, a:b] = grid.sum(-1, dtype=acc)
