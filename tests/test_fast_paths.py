@@ -39,6 +39,11 @@ def _pair(name: str, dtype: torch.dtype):
         # weights away from their identity-like initial values (layer scales of 1e-6 would hide attention)
         for p in fast_model.parameters():
             p.add_(torch.randn_like(p) * 0.05)
+        # and running statistics away from (0, 1), which a fast path folding its norms could get wrong unseen
+        for m in fast_model.modules():
+            if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
+                m.running_mean.uniform_(-0.5, 0.5)
+                m.running_var.uniform_(0.5, 2)
     reference_model = cls(drop_path_rate=0., **{switch: reference}, **kwargs)
     reference_model.load_state_dict(fast_model.state_dict())
     return fast_model.to(dtype).eval(), reference_model.to(dtype).eval()

@@ -1,7 +1,8 @@
 """The fast path's residual forms of RMT/EVT blocks equal the literal sums the reference path writes.
 
 ``residual_depthwise(fold=True)`` puts ``x + conv(x)`` into one convolution, ``add_into`` adds a residual into a
-map the block just made, and ``ConvFFN`` runs GELU in place when no backward will need its input. Whole-model
+map the block just made, ``ConvFFN`` and ``ConvStem`` run GELU in place when no backward will need its input, and
+``conv_norm`` folds a BatchNorm that uses running statistics into its conv. Whole-model
 equality with the reference path is in ``test_fast_paths.py``; these check the pieces where they can differ:
 gradients through the folded kernel, drop path and layer scale in training, autocast, and memory reuse.
 """
@@ -10,9 +11,9 @@ import torch
 import torch.nn as nn
 
 from mmvisatt.models.backbones import EVT
-from mmvisatt.models.backbones.rmt import (ConvFFN, ManhattanSelfAttention, RasterRotary, RetentiveBlock,
-                                           residual_depthwise)
-from mmvisatt.models.layers.inplace import add_into
+from mmvisatt.models.backbones.rmt import (ConvDownsample, ConvFFN, ConvStem, ManhattanSelfAttention, RasterRotary,
+                                           RetentiveBlock, conv_norm, residual_depthwise)
+from mmvisatt.models.layers.inplace import add_into, gelu_into
 from mmvisatt.models.layers.spatial_decay import SpatialDecay
 
 
@@ -138,9 +139,101 @@ def test_fast_evt_under_bfloat16_autocast_matches_its_literal_forms():
         for module in model.modules():
             if isinstance(module, (RetentiveBlock, ConvFFN)):
                 module.fold = fold
+            elif isinstance(module, (ConvStem, ConvDownsample)):
+                module.fast = fold
         with torch.no_grad(), torch.autocast('cpu', dtype=torch.bfloat16):
             outs[fold] = model(x)
     assert streams[True] == streams[False]
     for folded, literal in zip(outs[True], outs[False]):
         assert folded.dtype == literal.dtype
         torch.testing.assert_close(folded.float(), literal.float(), rtol=0.05, atol=0.05)
+
+
+def _conv_bn(bias, affine):
+    torch.manual_seed(0)
+    conv = nn.Conv2d(3, 5, 3, 2, 1, bias=bias).double()
+    norm = nn.BatchNorm2d(5, affine=affine).double()
+    with torch.no_grad():
+        norm.running_mean.uniform_(-1, 1)
+        norm.running_var.uniform_(0.2, 3)
+        if affine:
+            norm.weight.uniform_(0.5, 2)
+            norm.bias.uniform_(-1, 1)
+    return conv, norm
+
+
+@pytest.mark.parametrize('bias,affine', [(True, True), (False, True), (True, False)])
+def test_folded_norm_equals_conv_then_norm_with_gradients(bias, affine):
+    conv, norm = _conv_bn(bias, affine)
+    norm.eval()  # running statistics: what eval and norm_eval give
+    x = torch.randn(2, 3, 9, 7, dtype=torch.float64, requires_grad=True)
+    results = []
+    for fold in (True, False):
+        for p in [x, *conv.parameters(), *norm.parameters()]:
+            p.grad = None
+        out = conv_norm(conv, norm, x, fold)
+        out.mul(torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)).sum().backward()
+        results.append([out.detach(), x.grad] + [p.grad for p in [*conv.parameters(), *norm.parameters()]])
+    for folded, literal in zip(*results):
+        torch.testing.assert_close(folded, literal, rtol=1e-10, atol=1e-12)
+
+
+def test_norm_with_batch_statistics_is_not_folded():
+    """In training mode the norm normalises by the batch and updates its running statistics: both must happen."""
+    conv, norm = _conv_bn(True, True)
+    twin = nn.BatchNorm2d(5).double()
+    twin.load_state_dict(norm.state_dict())
+    x = torch.randn(2, 3, 9, 7, dtype=torch.float64)
+    folded = conv_norm(conv, norm.train(), x, fold=True)
+    literal = twin.train()(conv(x))
+    torch.testing.assert_close(folded, literal, rtol=0, atol=0)
+    torch.testing.assert_close(norm.running_mean, twin.running_mean, rtol=0, atol=0)
+    assert int(norm.num_batches_tracked) == 1
+
+
+def test_gelu_into_overwrites_only_without_autograd():
+    x = torch.randn(4, 5)
+    expected = torch.nn.functional.gelu(x)
+    fresh = x.clone()
+    with torch.no_grad():
+        out = gelu_into(fresh)
+    assert out.data_ptr() == fresh.data_ptr() and torch.equal(out, expected)
+    leaf = x.clone().requires_grad_()
+    fresh = leaf * 1
+    out = gelu_into(fresh)
+    assert out.data_ptr() != fresh.data_ptr() and torch.equal(fresh, x)
+    out.sum().backward()
+    torch.testing.assert_close(leaf.grad, torch.func.grad(lambda t: torch.nn.functional.gelu(t).sum())(x))
+
+
+@pytest.mark.parametrize('grad', [False, True])
+def test_folded_stem_and_downsampling_equal_the_modules(grad):
+    """The stem and downsampling of the fast path in eval (folded norms, in-place GELU without autograd) give the
+    reference modules' outputs and, with autograd, their gradients."""
+    torch.manual_seed(0)
+    modules = {}
+    for fold in (True, False):
+        torch.manual_seed(0)
+        modules[fold] = nn.Sequential(ConvStem(3, 8, fast=fold), ConvDownsample(8, 16, fast=fold)).double()
+    with torch.no_grad():
+        for m in modules[True].modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.running_mean.uniform_(-1, 1)
+                m.running_var.uniform_(0.2, 3)
+                m.weight.uniform_(0.5, 2)
+    modules[False].load_state_dict(modules[True].state_dict())
+    x = torch.randn(2, 3, 19, 22, dtype=torch.float64)
+    results = {}
+    for fold, module in modules.items():
+        module.eval()
+        inp = x.clone().requires_grad_(grad)
+        with torch.set_grad_enabled(grad):
+            out = module(inp)
+        assert out.shape == (2, 3, 3, 16) and out.is_contiguous()
+        grads = []
+        if grad:
+            out.square().sum().backward()
+            grads = [inp.grad] + [p.grad for p in module.parameters()]
+        results[fold] = [out.detach()] + grads
+    for folded, literal in zip(results[True], results[False]):
+        torch.testing.assert_close(folded, literal, rtol=1e-10, atol=1e-12)

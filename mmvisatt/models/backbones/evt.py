@@ -127,7 +127,7 @@ class EVTStage(nn.Module):
         if not out_dim:
             self.downsample = None
         else:
-            self.downsample = ConvDownsample(dim, out_dim) if style == 'rmt' else PatchMerging(dim, out_dim)
+            self.downsample = ConvDownsample(dim, out_dim, fast=fused) if style == 'rmt' else PatchMerging(dim, out_dim)
 
     def context(self, height: int, width: int, dtype: torch.dtype) -> Dict[str, tuple]:
         """Per mode, what its blocks take besides x: the bias (and the grouping). The biases are as large as the
@@ -226,7 +226,8 @@ class EVT(DecayBackbone):
         self.style = style
         rate = arch['drop_path_rate'] if drop_path_rate is None else drop_path_rate
         rates = torch.linspace(0, rate, sum(depths)).tolist()
-        self.patch_embed = ConvStem(in_channels, dims[0]) if style == 'rmt' else PatchEmbed(in_channels, dims[0], 4)
+        self.patch_embed = (ConvStem(in_channels, dims[0], fast=fused_attention) if style == 'rmt' else
+                            PatchEmbed(in_channels, dims[0], 4))
         self.stages = nn.ModuleList()
         for i in range(n):
             start = sum(depths[:i])

@@ -21,7 +21,7 @@ from timm.layers import DropPath
 from torch import Tensor
 
 from mmvisatt.checkpoint import load_pretrained, read_checkpoint, register_converter
-from ..layers.inplace import add_into
+from ..layers.inplace import add_into, gelu_into
 from ..layers.spatial_decay import SpatialDecay, decayed_attention
 from .base import AttentionBackbone, LayerOrder, init_transformer_weights, stage_layer_order
 
@@ -129,11 +129,8 @@ class ConvFFN(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         h = self.fc1(x)
-        if self.fold and not (torch.is_grad_enabled() and h.requires_grad):
-            # no backward needs fc1's output here, so GELU can overwrite it: one wide map fewer to allocate
-            h = torch.ops.aten.gelu_(h)
-        else:
-            h = self.act(h)
+        # the fast path lets GELU overwrite fc1's output when no backward needs it: one wide map fewer to allocate
+        h = gelu_into(h) if self.fold else self.act(h)
         return self.fc2(residual_depthwise(self.dwconv, h, self.fold))
 
 
@@ -172,12 +169,31 @@ class RetentiveBlock(nn.Module):
         return add_into(y, x) if self.fold else x + y
 
 
+def conv_norm(conv: nn.Conv2d, norm: nn.BatchNorm2d, x: Tensor, fold: bool) -> Tensor:
+    """``norm(conv(x))``. With ``fold=True`` and a norm that uses its running statistics (eval mode, or
+    ``norm_eval`` in training) the normalisation is a per-channel affine map, so it goes into the conv's weight and
+    bias: one convolution writes the map once instead of twice. Same function and gradients, up to rounding; the
+    reference path (``fold=False``) and a norm in training mode (batch statistics) run the two modules."""
+    if not fold or norm.training or norm.running_var is None:
+        return norm(conv(x))
+    scale = torch.rsqrt(norm.running_var + norm.eps)
+    if norm.weight is not None:
+        scale = scale * norm.weight
+    shift = -norm.running_mean * scale if conv.bias is None else (conv.bias - norm.running_mean) * scale
+    if norm.bias is not None:
+        shift = shift + norm.bias
+    return F.conv2d(x, conv.weight * scale.view(-1, 1, 1, 1), shift, conv.stride, conv.padding, conv.dilation,
+                    conv.groups)
+
+
 class ConvStem(nn.Module):
     """Four 3x3 convs (stride 2, 1, 2, 1; widths C/2, C/2, C, C), each with BatchNorm, GELU after the first
-    three: (B, C_in, H, W) -> (B, ceil(H/4), ceil(W/4), C)."""
+    three: (B, C_in, H, W) -> (B, ceil(H/4), ceil(W/4), C). ``fast``: the fast path's forms, channels-last maps,
+    each norm folded into its conv (:func:`conv_norm`) and GELU in place when no backward needs its input."""
 
-    def __init__(self, in_channels: int, dim: int):
+    def __init__(self, in_channels: int, dim: int, fast: bool = False):
         super().__init__()
+        self.fast = fast
         half = dim // 2
         layers = []
         for i, (cin, cout, stride) in enumerate([(in_channels, half, 2), (half, half, 1), (half, dim, 2),
@@ -188,22 +204,35 @@ class ConvStem(nn.Module):
         self.proj = nn.Sequential(*layers)
 
     def forward(self, x: Tensor) -> Tensor:
+        if not self.fast:
+            x = self.proj(x)
+        else:
+            # oneDNN convolves channels-last maps without reordering them to its blocked layout and back (EVT-T's
+            # stem at 800x1216, one thread: 219 -> 151 ms), and the output is then already in token order
+            x = x.contiguous(memory_format=torch.channels_last)
+            # proj is conv, norm, GELU, ..., conv, norm (the layout the checkpoints' keys follow)
+            for start in range(0, len(self.proj), 3):
+                x = conv_norm(self.proj[start], self.proj[start + 1], x, fold=True)
+                if start + 2 < len(self.proj):
+                    x = gelu_into(x)
         # A permuted NCHW map would keep every residual add, norm and projection of the stage working across
         # strides (each add inherits its first operand's layout); one copy here makes the whole stage contiguous.
-        return self.proj(x).permute(0, 2, 3, 1).contiguous()
+        return x.permute(0, 2, 3, 1).contiguous()
 
 
 class ConvDownsample(nn.Module):
-    """3x3 stride-2 conv + BatchNorm: (B, H, W, C) -> (B, ceil(H/2), ceil(W/2), C_out)."""
+    """3x3 stride-2 conv + BatchNorm: (B, H, W, C) -> (B, ceil(H/2), ceil(W/2), C_out); ``fast`` folds the norm
+    into the conv (:func:`conv_norm`)."""
 
-    def __init__(self, dim: int, out_dim: int):
+    def __init__(self, dim: int, out_dim: int, fast: bool = False):
         super().__init__()
+        self.fast = fast
         self.reduction = nn.Conv2d(dim, out_dim, 3, 2, 1)
         self.norm = nn.BatchNorm2d(out_dim)
 
     def forward(self, x: Tensor) -> Tensor:
         # contiguous channels-last tokens for the next stage, as ConvStem
-        return self.norm(self.reduction(x.permute(0, 3, 1, 2))).permute(0, 2, 3, 1).contiguous()
+        return conv_norm(self.reduction, self.norm, x.permute(0, 3, 1, 2), self.fast).permute(0, 2, 3, 1).contiguous()
 
 
 class RMTStage(nn.Module):
@@ -224,7 +253,7 @@ class RMTStage(nn.Module):
             RetentiveBlock(dim, ManhattanSelfAttention(dim, num_heads, decomposed, fused), mlp_ratio,
                            drop_path[i], layer_scale, fold=fused) for i in range(depth)
         ])
-        self.downsample = ConvDownsample(dim, out_dim) if out_dim else None
+        self.downsample = ConvDownsample(dim, out_dim, fast=fused) if out_dim else None
 
     def context(self, height: int, width: int, dtype: torch.dtype) -> tuple:
         sin, cos = self.rotary(height, width, dtype)
@@ -342,8 +371,9 @@ class RMT(DecayBackbone):
         layer_init_values: initial layer-scale value where the arch has layer scale.
         fused_attention: the fast path (True: ``scaled_dot_product_attention``, and the residual adds of the depthwise
             convs and blocks in their allocation-saving forms, :func:`residual_depthwise` and
-            :func:`~mmvisatt.models.layers.inplace.add_into`) or the explicit softmax reference with literal adds,
-            the parity oracle.
+            :func:`~mmvisatt.models.layers.inplace.add_into`, a channels-last stem, and the stem's and downsampling's
+            BatchNorms folded into their convs when they use running statistics, :func:`conv_norm`) or the explicit
+            softmax reference with literal adds and separate norms, the parity oracle.
         out_norms: a LayerNorm per output (dense tasks, as the official ``extra_norms``); False returns the raw
             stage outputs, which the official classifier reads (with :class:`RMTProjectionNeck`).
         out_indices: outputs to return (default: all stages, i.e. (0, 1, 2, 3)).
@@ -390,7 +420,7 @@ class RMT(DecayBackbone):
         self._setup(in_channels, dims, out_indices, frozen_stages, norm_eval, out_norms)
         rate = arch['drop_path_rate'] if drop_path_rate is None else drop_path_rate
         rates = torch.linspace(0, rate, sum(depths)).tolist()
-        self.patch_embed = ConvStem(in_channels, dims[0])
+        self.patch_embed = ConvStem(in_channels, dims[0], fast=fused_attention)
         self.stages = nn.ModuleList()
         for i in range(n):
             start = sum(depths[:i])
