@@ -29,9 +29,9 @@ FAMILIES = {
     'fan_hybrid': lambda: FAN(arch=dict(form='hybrid', embed_dims=32, depth=3, num_heads=2, stem_depths=(1, 2),
                                         stem_dims=(16, 24), out_block=1, down_channels=40)),
     'fan_swin': lambda: FAN(arch=dict(form='swin', embed_dims=16, depths=(1, 2, 1, 1), num_heads=(1, 2, 2, 4))),
-    'rmt': lambda: RMT(arch=dict(DECAY_STAGES, decomposed=(True, True, False, False))),
-    'evt': lambda: EVT(arch=DECAY_STAGES),
-    'evt_swin': lambda: EVT(arch=dict(DECAY_STAGES, style='swin')),
+    'rmt': lambda **kw: RMT(arch=dict(DECAY_STAGES, decomposed=(True, True, False, False)), **kw),
+    'evt': lambda **kw: EVT(arch=DECAY_STAGES, **kw),
+    'evt_swin': lambda **kw: EVT(arch=dict(DECAY_STAGES, style='swin'), **kw),
     'shunted': lambda: ShuntedTransformer(arch=dict(DECAY_STAGES, depths=(1, 1, 2, 1), mlp_ratios=(2, 2, 2, 2),
                                                     sr_ratios=(8, 4, 2, 1))),
 }
@@ -69,6 +69,10 @@ def _first_calls(model: nn.Module, x: torch.Tensor):
 def test_layer_ids_follow_the_forward_order(family):
     torch.manual_seed(0)
     model = FAMILIES[family]().eval()
+    if isinstance(model, (RMT, EVT)):
+        # RMT/EVT's fast path runs some convs through their weights (norms and residuals folded in), which forward
+        # hooks do not see; the reference path calls every module. The layer ids are the same for both.
+        model = FAMILIES[family](fused_attention=False).eval()
     num_layers = model.get_layer_depth('head.fc.weight', prefix='backbone.')[1]
     top = num_layers - 1
     for name, _ in model.named_parameters():
