@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from mmvisatt.models.backbones import EVT, FAN, RMT, ReMViTv2, ReViT, ShuntedTransformer
+from mmvisatt.models.layers.layout import map_to_tokens, tokens_to_map
 
 SMALL = dict(embed_dims=(16, 32, 32, 64), num_heads=(2, 2, 4, 4))
 CASES = {
@@ -53,8 +54,9 @@ def _pair(name: str, dtype: torch.dtype):
 @pytest.mark.parametrize('name', list(CASES))
 def test_fast_path_equals_reference(name, dtype):
     fast, reference = _pair(name, dtype)
-    # odd sizes: padding of windows/groups and ragged pooled maps are on the path too
-    x = torch.randn(1, 3, 70, 45, dtype=dtype)
+    # odd sizes: padding of windows/groups and ragged pooled maps are on the path too; two images, since windows
+    # join the batch in FAN-Swin's fused path (the gradient test below runs one)
+    x = torch.randn(2, 3, 70, 45, dtype=dtype)
     with torch.no_grad():
         outs, refs = fast(x), reference(x)
     assert len(outs) == len(refs) == 4
@@ -101,3 +103,21 @@ def test_block_inputs_are_contiguous_tokens(name):
     with torch.no_grad():
         model(torch.randn(1, 3, 70, 45))
     assert not strided
+
+
+@pytest.mark.parametrize('batch', [1, 2])
+def test_token_maps_are_channels_last_views(batch):
+    """FAN's and Shunted's convolutions over tokens get a channels-last view, for one image too (where a reshaped
+    transpose has a batch stride of C and convolutions copy it to NCHW), and give tokens back without a copy."""
+    x = torch.randn(batch, 6 * 5, 8)
+    image = tokens_to_map(x, (6, 5))
+    assert image.shape == (batch, 8, 6, 5) and image.data_ptr() == x.data_ptr()
+    assert image.is_contiguous(memory_format=torch.channels_last)
+    torch.testing.assert_close(image, x.transpose(1, 2).reshape(batch, 8, 6, 5), rtol=0, atol=0)
+    conv = torch.nn.Conv2d(8, 8, 3, padding=1, groups=8)
+    with torch.no_grad():
+        out = conv(image)
+    assert out.is_contiguous(memory_format=torch.channels_last)
+    tokens = map_to_tokens(out)
+    assert tokens.data_ptr() == out.data_ptr()
+    torch.testing.assert_close(tokens, out.flatten(2).transpose(1, 2), rtol=0, atol=0)

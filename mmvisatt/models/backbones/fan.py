@@ -301,9 +301,17 @@ class WindowAttention(nn.Module):
         bias = bias.view(N, N, h).permute(2, 0, 1)
         if mask is not None:
             bias = bias + mask[:, None]
-        out = multi_head_attention(q, k, v, bias, dropout=self.attn_drop if self.training else 0.,
-                                   fused=self.fused)
-        return self.proj_drop(self.proj(out.transpose(2, 3).reshape(BW, N, C)))
+        dropout = self.attn_drop if self.training else 0.
+        if not self.fused:
+            out = multi_head_attention(q, k, v, bias, dropout=dropout, fused=False)
+            return self.proj_drop(self.proj(out.transpose(2, 3).reshape(BW, N, C)))
+        # PyTorch's CPU flash kernel takes 4-d inputs only (5-d ones fall back to its math kernel, slower than the
+        # explicit path), so the windows join the batch: q, k and v stay views, and the per-window bias is a
+        # view too for one image
+        if bias.dim() == 4:
+            bias = bias.expand(BW // num_windows, -1, -1, -1, -1).flatten(0, 1)
+        out = multi_head_attention(q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), bias, dropout=dropout)
+        return self.proj_drop(self.proj(out.transpose(1, 2).reshape(BW, N, C)))
 
 
 class FANSwinBlock(nn.Module):

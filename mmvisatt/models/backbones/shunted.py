@@ -33,6 +33,7 @@ from timm.layers import DropPath
 from torch import Tensor
 
 from mmvisatt.checkpoint import register_converter
+from ..layers.layout import map_to_tokens, tokens_to_map
 from ..layers.shunted_attention import ODD_SIZES, ShuntedAttention, check_choice
 from .base import AttentionBackbone, LayerOrder, stage_layer_order
 
@@ -91,8 +92,7 @@ class DetailSpecificFFN(nn.Module):
     def forward(self, x: Tensor, size: Size) -> Tensor:
         """x: (B, N, C), size = (H, W) -> (B, N, C)."""
         x = self.fc1(x)
-        B, N, C = x.shape
-        local = self.dwconv(x.transpose(1, 2).reshape(B, C, *size)).flatten(2).transpose(1, 2)
+        local = map_to_tokens(self.dwconv(tokens_to_map(x, size)))
         x = self.drop(self.act(x + local))
         return self.drop(self.fc2(x))
 

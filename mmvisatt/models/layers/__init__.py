@@ -1,5 +1,6 @@
 from .channel_attention import (ConvValueMlp, DepthwiseConvBlock, EfficientChannelAttention, TokenAttention,
                                 channel_gate, multi_head_attention)
+from .layout import map_to_tokens, tokens_to_map
 from .pooling_attention import PoolingResidualAttention, add_decomposed_rel_pos, relative_position_embeddings
 from .residual_attention import (PooledScores, ScoreFactors, TokenGrid, WindowScores, align_by_position, align_by_slot,
                                  align_pooled_by_position, align_pooled_official, mix_scores, regrid_by_position)
@@ -20,5 +21,6 @@ __all__ = [
     'head_decay_rates', 'line_distance', 'token_groups', 'ungroup_tokens', 'WindowGrid',
     'merge_windows', 'partition_windows', 'relative_position_index', 'window_attention_mask', 'window_partition',
     'window_reverse', 'HeadGroupKV', 'ShuntedAttention', 'ConvValueMlp', 'DepthwiseConvBlock',
-    'EfficientChannelAttention', 'TokenAttention', 'channel_gate', 'multi_head_attention'
+    'EfficientChannelAttention', 'TokenAttention', 'channel_gate', 'multi_head_attention', 'map_to_tokens',
+    'tokens_to_map'
 ]

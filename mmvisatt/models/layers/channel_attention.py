@@ -23,6 +23,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
+from .layout import map_to_tokens, tokens_to_map
+
 
 def multi_head_attention(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor] = None, dropout: float = 0.,
                          fused: bool = True) -> Tensor:
@@ -98,10 +100,8 @@ class DepthwiseConvBlock(nn.Module):
 
     def forward(self, x: Tensor, size: Tuple[int, int]) -> Tensor:
         """(B, N, C) with N = H * W (row-major) -> (B, N, C)."""
-        B, N, C = x.shape
-        x = x.transpose(1, 2).reshape(B, C, *size)
-        x = self.conv2(self.bn(self.act(self.conv1(x))))
-        return x.reshape(B, C, N).transpose(1, 2)
+        x = self.conv2(self.bn(self.act(self.conv1(tokens_to_map(x, size)))))
+        return map_to_tokens(x)
 
 
 class ConvValueMlp(nn.Module):

@@ -17,6 +17,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
+from .layout import tokens_to_map
+
 ATTN_IMPLS = ('sdpa', 'explicit')
 ODD_SIZES = ('pad', 'floor')
 
@@ -125,7 +127,7 @@ class ShuntedAttention(nn.Module):
         B, N, C = x.shape
         q = self.q(x).reshape(B, N, self.num_heads, self.head_dim).transpose(1, 2)
         if len(self.groups):
-            image = x.transpose(1, 2).reshape(B, C, *size)
+            image = tokens_to_map(x, size)
             out = torch.cat([
                 attend(q_g, *group(image), self.scale, self.attn_impl, self.attn_drop)
                 for q_g, group in zip(q.chunk(len(self.groups), dim=1), self.groups)
