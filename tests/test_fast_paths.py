@@ -54,8 +54,8 @@ def _pair(name: str, dtype: torch.dtype):
 @pytest.mark.parametrize('name', list(CASES))
 def test_fast_path_equals_reference(name, dtype):
     fast, reference = _pair(name, dtype)
-    # odd sizes: padding of windows/groups and ragged pooled maps are on the path too; two images, since windows
-    # join the batch in FAN-Swin's fused path (the gradient test below runs one)
+    # odd sizes: padding of windows/groups and ragged pooled maps are on the path too; two images, since FAN-Swin's
+    # windows join the batch in the fused path (the gradient test below runs one)
     x = torch.randn(2, 3, 70, 45, dtype=dtype)
     with torch.no_grad():
         outs, refs = fast(x), reference(x)

@@ -30,6 +30,7 @@ from torch import Tensor
 from mmvisatt.checkpoint import register_converter
 from ..layers.channel_attention import (ConvValueMlp, EfficientChannelAttention, TokenAttention,
                                         multi_head_attention)
+from ..layers.layout import tokens_to_map
 from ..layers.simple_pyramid import PYRAMID_WIDTHS, SimpleFeaturePyramid
 from ..layers.window import (WindowGrid, merge_windows, partition_windows, relative_position_index,
                              window_attention_mask)
@@ -301,17 +302,9 @@ class WindowAttention(nn.Module):
         bias = bias.view(N, N, h).permute(2, 0, 1)
         if mask is not None:
             bias = bias + mask[:, None]
-        dropout = self.attn_drop if self.training else 0.
-        if not self.fused:
-            out = multi_head_attention(q, k, v, bias, dropout=dropout, fused=False)
-            return self.proj_drop(self.proj(out.transpose(2, 3).reshape(BW, N, C)))
-        # PyTorch's CPU flash kernel takes 4-d inputs only (5-d ones fall back to its math kernel, slower than the
-        # explicit path), so the windows join the batch: q, k and v stay views, and the per-window bias is a
-        # view too for one image
-        if bias.dim() == 4:
-            bias = bias.expand(BW // num_windows, -1, -1, -1, -1).flatten(0, 1)
-        out = multi_head_attention(q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), bias, dropout=dropout)
-        return self.proj_drop(self.proj(out.transpose(1, 2).reshape(BW, N, C)))
+        out = multi_head_attention(q, k, v, bias, dropout=self.attn_drop if self.training else 0.,
+                                   fused=self.fused)
+        return self.proj_drop(self.proj(out.transpose(2, 3).reshape(BW, N, C)))
 
 
 class FANSwinBlock(nn.Module):
@@ -660,15 +653,14 @@ class FAN(AttentionBackbone):
                     outs.append(self._output(i, x.permute(0, 3, 1, 2), H, W))
             return tuple(outs)
         tokens, size, maps, picked = self._run_blocks(x)
-        B, C = tokens.shape[0], tokens.shape[-1]
         levels: Dict[int, Tensor] = {}
         if self.form == 'vit':
-            levels = self.pyramid(tokens.transpose(1, 2).reshape(B, C, *size))
+            levels = self.pyramid(tokens_to_map(tokens, size))
         else:
-            levels = {0: maps[0], 1: maps[1], 2: picked.transpose(1, 2).reshape(B, C, *size)}
+            levels = {0: maps[0], 1: maps[1], 2: tokens_to_map(picked, size)}
             if 3 in self.out_indices:
                 patches = self._class_attention(tokens)[:, 1:]
-                levels[3] = self.downsample(patches.transpose(1, 2).reshape(B, C, *size))
+                levels[3] = self.downsample(tokens_to_map(patches, size))
         return tuple(self._output(i, levels[i], H, W) for i in self.out_indices)
 
     def forward_classifier(self, x: Tensor) -> Tensor:

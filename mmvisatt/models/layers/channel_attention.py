@@ -31,12 +31,23 @@ def multi_head_attention(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor]
     """softmax(q k^T / sqrt(d) + bias) v.
 
     q: (B, heads, N_q, d); k, v: (B, heads, N_k, d); bias: additive, broadcastable to (B, heads, N_q, N_k).
-    Returns (B, heads, N_q, d). ``fused`` selects ``scaled_dot_product_attention``; the explicit path scales q
-    before the product, as the reference implementations do.
+    Returns (B, heads, N_q, d). More leading dims (e.g. (B, windows, heads, N, d)) are batch dims too.
+    ``fused`` selects ``scaled_dot_product_attention``; the explicit path scales q before the product, as the
+    reference implementations do.
     """
     if bias is not None:
         bias = bias.to(q.dtype)
     if fused:
+        if q.dim() > 4:
+            # PyTorch's CPU flash kernel takes 4-d inputs only (others go to the math kernel, slower than the
+            # explicit path), so the leading dims join the batch: views, and a view of the bias where it does
+            # not repeat (FAN-Swin's per-window bias for one image)
+            lead = q.shape[:-3]
+            q, k, v = (t.flatten(0, len(lead) - 1) for t in (q, k, v))
+            if bias is not None:
+                bias = bias.reshape((1, ) * (3 - bias.dim()) + tuple(bias.shape))
+                bias = bias.expand(*lead, *bias.shape[-3:]).flatten(0, len(lead) - 1)
+            return multi_head_attention(q, k, v, bias, dropout).unflatten(0, lead)
         if bias is not None and q.dim() == 4 and bias.dim() < 4:
             # PyTorch's CPU flash kernel only takes a 4-d mask; others fall back to the slow math kernel.
             bias = bias.reshape((1, ) * (4 - bias.dim()) + tuple(bias.shape))
