@@ -13,6 +13,10 @@ repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 venv=${MMVISATT_VENV:-$repo/.venv}
 cache=${MMVISATT_CACHE:-$HOME/.cache/mmvisatt}
 
+# absolute, so that pip still finds the interpreter (and the wheel cache) after the mmcv build changes directory
+case $venv in /* | none) ;; *) venv=$PWD/$venv ;; esac
+case $cache in /*) ;; *) cache=$PWD/$cache ;; esac
+
 log() { printf '[setup_env] %s\n' "$*" >&2; }
 
 if [ "$venv" != "none" ]; then
@@ -53,9 +57,11 @@ wheels=$cache/wheels/$key
 if ! "$py" -c 'import mmcv, mmcv.ops, sys; sys.exit(mmcv.__version__ != "2.1.0")' 2>/dev/null; then
   whl=$(ls "$wheels"/mmcv-2.1.0-*.whl 2>/dev/null | head -n1 || true)
   if [ -z "$whl" ]; then
-    log "building mmcv 2.1.0 for $key (about 11 minutes on 2 cores; cached in $wheels)"
+    log "building mmcv 2.1.0 for $key (about 30 minutes on 2 cores; cached in $wheels)"
     build=$(mktemp -d)
     trap 'rm -rf "$build"' EXIT
+    # packages installed since the first line may have moved setuptools past 81 (pkg_resources is gone in 82)
+    "${pip[@]}" install -q -r "$repo/requirements/build.txt"
     "${pip[@]}" download -q --no-deps --no-build-isolation --no-binary :all: mmcv==2.1.0 -d "$build"
     tar -xzf "$build"/mmcv-2.1.0.tar.gz -C "$build"
     # torch >= 2.14 headers refuse anything older than C++20
