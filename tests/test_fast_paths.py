@@ -121,3 +121,82 @@ def test_token_maps_are_channels_last_views(batch):
     tokens = map_to_tokens(out)
     assert tokens.data_ptr() == out.data_ptr()
     torch.testing.assert_close(tokens, out.flatten(2).transpose(1, 2), rtol=0, atol=0)
+
+
+STRIP_CASES = ['rmt', 'evt', 'evt_swin', 'fan_vit', 'fan_hybrid', 'fan_swin']
+
+
+@pytest.fixture
+def strips_everywhere(monkeypatch):
+    """Row strips for every map (the size thresholds at 0, strips of two rows), counting the strip loops run."""
+    from mmvisatt.models.backbones import evt, fan, rmt
+    from mmvisatt.models.layers import channel_attention, strips
+    monkeypatch.setattr(strips, 'SPLIT_BYTES', 0)
+    monkeypatch.setattr(strips, 'STRIP_BYTES', 0)
+    monkeypatch.setattr(strips, 'MIN_ROWS', 2)
+    runs = []
+
+    def counted(*args):
+        runs.append(args)
+        return strips.row_strips(*args)
+
+    for module in (rmt, evt, fan, channel_attention):
+        monkeypatch.setattr(module, 'row_strips', counted)
+    return runs
+
+
+@pytest.mark.parametrize('name', STRIP_CASES)
+def test_fast_path_in_strips_equals_reference(name, strips_everywhere):
+    """Inference by row strips (the wide MLPs a band of rows at a time, with the conv halos) gives the reference
+    numbers: here every map, down to two-row strips, so the halo rows and image borders are all exercised."""
+    fast, reference = _pair(name, torch.float64)
+    x = torch.randn(2, 3, 70, 45, dtype=torch.float64)
+    with torch.no_grad():
+        outs, refs = fast(x), reference(x)
+    assert strips_everywhere
+    for out, ref in zip(outs, refs):
+        torch.testing.assert_close(out, ref, **TOLERANCES[torch.float64])
+
+
+@pytest.mark.parametrize('name', STRIP_CASES)
+def test_strips_stay_off_under_autograd(name, strips_everywhere):
+    """A backward would keep every strip's activations: with autograd on, the wide maps are built whole."""
+    fast, reference = _pair(name, torch.float64)
+    x = torch.randn(1, 3, 48, 40, dtype=torch.float64)
+    outs, refs = fast(x), reference(x)
+    assert not strips_everywhere
+    for out, ref in zip(outs, refs):
+        torch.testing.assert_close(out, ref, **TOLERANCES[torch.float64])
+
+
+@pytest.mark.parametrize('name', ['evt_swin', 'fan_swin'])
+def test_strips_stay_off_in_training_mode(name, strips_everywhere):
+    """In training mode BatchNorm takes batch statistics and dropout / drop path are live, which strips would
+    change (RMT's FFN has neither, and strips there give the same numbers in either mode)."""
+    fast, _ = _pair(name, torch.float64)
+    fast.train()
+    with torch.no_grad():
+        fast(torch.randn(1, 3, 48, 40, dtype=torch.float64))
+    assert not strips_everywhere
+
+
+def test_window_gather_is_the_window_partition():
+    from mmvisatt.models.layers.window import (WindowGrid, partition_windows, window_attention_mask,
+                                               window_gather)
+    grid = WindowGrid.build(10, 16, 4, 2)  # padded to 12 x 16 and shifted
+    batch, N = 2, grid.window_area
+    x = torch.arange(batch * 10 * 16, dtype=torch.float64).view(batch, 10, 16, 1) + 1
+    gather = window_gather(grid, batch)
+    padded = torch.nn.functional.pad(x, (0, 0, 0, 0, 0, 2)).reshape(-1)
+    windows = padded[gather.tokens].view(-1, N)
+    reference = partition_windows(x, grid).view(batch, grid.num_windows, N)
+    mask = window_attention_mask(grid)
+    plain = (mask == 0).flatten(1).all(1)
+    # plain windows of every image first, then the masked ones, each group in window order
+    expected = torch.cat([reference[:, plain].reshape(-1, N), reference[:, ~plain].reshape(-1, N)])
+    torch.testing.assert_close(windows, expected, rtol=0, atol=0)
+    assert gather.plain == batch * int(plain.sum())
+    torch.testing.assert_close(gather.masks, mask[~plain].repeat(batch, 1, 1), rtol=0, atol=0)
+    # every real token comes back from its slot; padded slots are never read
+    torch.testing.assert_close(windows.reshape(-1)[gather.inverse], x.reshape(-1), rtol=0, atol=0)
+    assert window_gather(grid, batch) is gather

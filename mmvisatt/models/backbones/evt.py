@@ -23,9 +23,10 @@ from timm.layers import DropPath, Mlp
 from torch import Tensor
 
 from mmvisatt.checkpoint import register_converter
-from ..layers.inplace import add_into
+from ..layers.inplace import add_into, gelu_into
 from ..layers.spatial_decay import (SpatialDecay, TokenGroups, decayed_attention, group_tokens,
                                     grouped_attention_fused, ungroup_tokens)
+from ..layers.strips import row_strips, strip_rows, strips_allowed
 from .revit import PatchEmbed, PatchMerging
 from .rmt import ConvDownsample, ConvStem, DecayBackbone, RetentiveBlock
 
@@ -87,7 +88,8 @@ class EuclideanSelfAttention(nn.Module):
 
 
 class SwinEuSABlock(nn.Module):
-    """A Swin block (LN -> attention -> LN -> MLP, post-residual) with EuSA in place of (S)W-MSA."""
+    """A Swin block (LN -> attention -> LN -> MLP, post-residual) with EuSA in place of (S)W-MSA. With a fused
+    ``attn`` (the fast path), inference on large maps runs the MLP by row strips."""
 
     def __init__(self, dim: int, attn: nn.Module, mlp_ratio: float = 4., drop_path: float = 0.):
         super().__init__()
@@ -99,7 +101,24 @@ class SwinEuSABlock(nn.Module):
 
     def forward(self, x: Tensor, *context) -> Tensor:
         x = x + self.drop_path(self.attn(self.norm1(x), *context))
+        if self.attn.fused and not self.training and strips_allowed(x):
+            rows = strip_rows(x.shape[1], x.shape[2] * self.mlp.fc1.out_features * x.element_size())
+            if rows is not None:
+                return self._mlp_strips(x, rows)
         return x + self.drop_path(self.mlp(self.norm2(x)))
+
+    def _mlp_strips(self, x: Tensor, rows: int) -> Tensor:
+        """x + MLP(LN(x)) at inference by strips of ``rows`` rows (:mod:`~mmvisatt.models.layers.strips`; every
+        step is per token, so no halo): EVT-Swin-T's first stage at 800x1216 has a 93 MB hidden map."""
+        B, H, W, C = x.shape
+        out = torch.empty_like(x)
+        for b in range(B):
+            for first, end, _, _ in row_strips(H, rows, 0):
+                tokens = x[b, first:end].reshape(-1, C)
+                hidden = gelu_into(self.mlp.fc1(self.norm2(tokens)))
+                rows_out = out[b, first:end].view(-1, C)
+                torch.addmm(self.mlp.fc2.bias, hidden, self.mlp.fc2.weight.t(), out=rows_out).add_(tokens)
+        return out
 
 
 class EVTStage(nn.Module):

@@ -30,10 +30,12 @@ from torch import Tensor
 from mmvisatt.checkpoint import register_converter
 from ..layers.channel_attention import (ConvValueMlp, EfficientChannelAttention, TokenAttention,
                                         multi_head_attention)
+from ..layers.inplace import add_into
 from ..layers.layout import tokens_to_map
 from ..layers.simple_pyramid import PYRAMID_WIDTHS, SimpleFeaturePyramid
+from ..layers.strips import row_strips, strip_rows, strips_allowed
 from ..layers.window import (WindowGrid, merge_windows, partition_windows, relative_position_index,
-                             window_attention_mask)
+                             window_attention_mask, window_gather)
 from .base import AttentionBackbone, LayerOrder, init_transformer_weights, stage_layer_order
 # Swin's patch embedding and merging are the same bricks as ReSwin's.
 from .revit import PatchEmbed, PatchMerging
@@ -213,7 +215,7 @@ class FANBlock(nn.Module):
         self.attn = TokenAttention(dim, num_heads, qkv_bias, attn_drop, drop, fused)
         self.norm2 = nn.LayerNorm(dim, eps=1e-6)
         self.channel_attn = EfficientChannelAttention(dim, num_heads, int(dim * mlp_ratio), qkv_bias, attn_drop,
-                                                      drop, value_residual=True, norm_layer=norm_layer)
+                                                      drop, value_residual=True, norm_layer=norm_layer, fast=fused)
         self.gamma1 = nn.Parameter(torch.full((dim, ), float(eta)))
         self.gamma2 = nn.Parameter(torch.full((dim, ), float(eta)))
         self.drop_path = DropPath(drop_path) if drop_path > 0. else nn.Identity()
@@ -306,6 +308,43 @@ class WindowAttention(nn.Module):
                                    fused=self.fused)
         return self.proj_drop(self.proj(out.transpose(2, 3).reshape(BW, N, C)))
 
+    def forward_gathered(self, x: Tensor, plain: int, masks: Optional[Tensor]) -> Tensor:
+        """The fused path on windows ordered as a :class:`~mmvisatt.models.layers.window.WindowGather`:
+        x (B * num_windows, N, C), the first ``plain`` windows unmasked, the rest with ``masks``."""
+        BW, N, C = x.shape
+        h = self.num_heads
+        bias = self.relative_position_bias_table[self.relative_position_index.view(-1)]
+        bias = bias.view(N, N, h).permute(2, 0, 1)
+        if not self.training and strips_allowed(x):
+            # inference: runs of plain windows, so that no (windows, N, 3C) projection is allocated whole
+            # (FAN-Swin-T's first stage at 800x1216: 72 MB)
+            rows = strip_rows(plain, N * 3 * C * x.element_size())
+            if rows is not None:
+                return self._forward_window_runs(x, plain, masks, bias, rows)
+        q, k, v = self.qkv(x).reshape(BW, N, 3, h, C // h).permute(2, 0, 3, 1, 4)
+        dropout = self.attn_drop if self.training else 0.
+        outs = [multi_head_attention(q[:plain], k[:plain], v[:plain], bias, dropout)]
+        if masks is not None:
+            outs.append(multi_head_attention(q[plain:], k[plain:], v[plain:], bias + masks[:, None], dropout))
+        # one copy puts both parts in token-major order
+        out = torch.cat([o.transpose(1, 2) for o in outs]) if len(outs) > 1 else outs[0].transpose(1, 2)
+        return self.proj_drop(self.proj(out.reshape(BW, N, C)))
+
+    def _forward_window_runs(self, x: Tensor, plain: int, masks: Optional[Tensor], bias: Tensor,
+                             rows: int) -> Tensor:
+        """:meth:`forward_gathered` at inference, ``rows`` plain windows at a time, then the masked ones."""
+        BW, N, C = x.shape
+        h = self.num_heads
+        out = x.new_empty(BW, N, C)
+        runs = [(first, end, bias) for first, end, _, _ in row_strips(plain, rows, 0)]
+        if masks is not None:
+            runs.append((plain, BW, bias + masks[:, None]))
+        for first, end, run_bias in runs:
+            q, k, v = self.qkv(x[first:end]).reshape(end - first, N, 3, h, C // h).permute(2, 0, 3, 1, 4)
+            o = multi_head_attention(q, k, v, run_bias).transpose(1, 2).reshape(-1, C)
+            torch.addmm(self.proj.bias, o, self.proj.weight.t(), out=out[first:end].view(-1, C))
+        return out
+
 
 class FANSwinBlock(nn.Module):
     """A Swin block (W-MSA / SW-MSA) whose MLP is FAN's channel attention (computed over the whole map, not per
@@ -325,7 +364,8 @@ class FANSwinBlock(nn.Module):
         hidden = int(dim * mlp_ratio)
         if channel_attn:
             self.channel_attn = EfficientChannelAttention(dim, num_heads, hidden, qkv_bias, attn_drop, drop,
-                                                          value_residual=False, norm_layer=norm_layer)
+                                                          value_residual=False, norm_layer=norm_layer,
+                                                          fast=fused)
         else:
             self.mlp = Mlp(dim, hidden, act_layer=nn.GELU, drop=drop)
         self.drop_path = DropPath(drop_path) if drop_path > 0. else nn.Identity()
@@ -334,15 +374,31 @@ class FANSwinBlock(nn.Module):
         """(B, H, W, C) -> (B, H, W, C)."""
         B, H, W, C = x.shape
         grid = WindowGrid.build(H, W, self.window_size, self.shift)
-        mask = window_attention_mask(grid, x.device)
-        windows = self.attn(partition_windows(self.norm1(x), grid), grid.num_windows, mask)
-        x = x + self.drop_path(merge_windows(windows, grid))
+        if self.attn.fused:
+            x = self._window_attention_gathered(x, grid)
+        else:
+            mask = window_attention_mask(grid, x.device)
+            windows = self.attn(partition_windows(self.norm1(x), grid), grid.num_windows, mask)
+            x = x + self.drop_path(merge_windows(windows, grid))
         tokens = self.norm2(x).reshape(B, H * W, C)
         if hasattr(self, 'channel_attn'):
             out = self.channel_attn(tokens, (H, W))
         else:
             out = self.mlp(tokens)
         return x + self.drop_path(out.reshape(B, H, W, C))
+
+    def _window_attention_gathered(self, x: Tensor, grid: WindowGrid) -> Tensor:
+        """x + W-MSA(LN(x)) with the windows gathered and scattered back by index (the fast path; the same
+        windows, biases and sums as partition/merge)."""
+        B, H, W, C = x.shape
+        gather = window_gather(grid, B, x.device, torch.is_inference_mode_enabled())
+        u = self.norm1(x)
+        if grid.padded_h > H or grid.padded_w > W:
+            u = F.pad(u, (0, 0, 0, grid.padded_w - W, 0, grid.padded_h - H))
+        windows = u.reshape(-1, C).index_select(0, gather.tokens).view(-1, grid.window_area, C)
+        windows = self.attn.forward_gathered(windows, gather.plain, gather.masks)
+        merged = windows.reshape(-1, C).index_select(0, gather.inverse).view(B, H, W, C)
+        return add_into(self.drop_path(merged), x)
 
 
 class FANSwinStage(nn.Module):
@@ -438,7 +494,8 @@ class FAN(AttentionBackbone):
             weights trained that way.
         pos_exponent: ``'paired'`` (the classifier's Fourier frequencies) or ``'linear'`` (the frequencies of
             the official detection/segmentation code, which differ from those its pretrained projection saw).
-        fused_attn: ``scaled_dot_product_attention`` (True) or the explicit reference path (False).
+        fused_attn: the fast path (True: ``scaled_dot_product_attention``, and the value MLPs by row strips at
+            inference on large maps) or the explicit reference path (False).
         norm_cfg: the BatchNorm of the ViT stem and of the channel attention's depthwise convs
             (``dict(type='SyncBN')`` as in the official detection recipe).
         eta: initial layer scale of the FAN and class-attention blocks. cls_attn_layers, cls_tokens_norm: the

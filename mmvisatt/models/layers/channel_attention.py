@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .layout import map_to_tokens, tokens_to_map
+from .strips import row_strips, strip_rows, strips_allowed
 
 
 def multi_head_attention(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor] = None, dropout: float = 0.,
@@ -119,25 +120,59 @@ class ConvValueMlp(nn.Module):
     """The value branch of the channel attention: fc1 -> (identity +) gamma * depthwise convs -> fc2.
 
     There is no activation after ``fc1`` (FAN's released models were trained so). ``residual=False`` drops the
-    identity around the depthwise convolutions, as FAN's Swin variant does.
+    identity around the depthwise convolutions, as FAN's Swin variant does. ``strips`` (a fast-path form) runs
+    inference on large maps a band of rows at a time (:mod:`~mmvisatt.models.layers.strips`).
     """
 
     def __init__(self, dim: int, hidden_dim: int, residual: bool = True, drop: float = 0.,
-                 norm_layer: Callable[[int], nn.Module] = nn.BatchNorm2d):
+                 norm_layer: Callable[[int], nn.Module] = nn.BatchNorm2d, strips: bool = False):
         super().__init__()
         self.residual = residual
+        self.strips = strips
         self.fc1 = nn.Linear(dim, hidden_dim)
         self.dwconv = DepthwiseConvBlock(hidden_dim, norm_layer)
         self.gamma = nn.Parameter(torch.ones(hidden_dim))
         self.fc2 = nn.Linear(hidden_dim, dim)
         self.drop = nn.Dropout(drop)
 
-    def forward(self, x: Tensor, size: Tuple[int, int]) -> Tensor:
-        """(B, N, C) -> (B, N, C)."""
+    def forward(self, x: Tensor, size: Tuple[int, int], norm: Optional[nn.Module] = None,
+                scale: Optional[Tensor] = None) -> Tensor:
+        """(B, N, C) -> (B, N, C); with ``norm`` and ``scale`` (B, 1, C): ``norm(out) * scale`` (the channel
+        attention's epilogue, which strips apply to their own rows)."""
+        # in training mode the BatchNorm would take statistics per strip (and dropout is on): one pass
+        if self.strips and not self.training and strips_allowed(x):
+            rows = strip_rows(size[0], size[1] * self.fc1.out_features * x.element_size())
+            if rows is not None:
+                return self._forward_strips(x, size, rows, norm, scale)
         x = self.fc1(x)
         conv = self.gamma * self.dwconv(x, size)
         x = self.drop(x + conv if self.residual else conv)
-        return self.drop(self.fc2(x))
+        x = self.drop(self.fc2(x))
+        return x if norm is None else norm(x) * scale
+
+    def _forward_strips(self, x: Tensor, size: Tuple[int, int], rows: int, norm: Optional[nn.Module],
+                        scale: Optional[Tensor]) -> Tensor:
+        """Inference by strips of ``rows`` rows, each read with the halo rows of both 3x3 convs: FAN-Swin-T's first
+        stage at 800x1216 has a 93 MB wide map per block."""
+        B, N, C = x.shape
+        H, W = size
+        x = x.reshape(B, H, W, C)
+        out = x.new_empty(B, N, self.fc2.out_features)
+        halo = self.dwconv.conv1.padding[0] + self.dwconv.conv2.padding[0]
+        for b in range(B):
+            for first, end, top, bottom in row_strips(H, rows, halo):
+                h = self.fc1(x[b:b + 1, top:bottom].flatten(1, 2))
+                keep = slice((first - top) * W, (end - top) * W)
+                # the conv output is fresh: scale it and add the identity into it (same products and sums)
+                conv = self.dwconv(h, (bottom - top, W))[:, keep].mul_(self.gamma)
+                if self.residual:
+                    conv.add_(h[:, keep])
+                rows_out = out[b, first * W:end * W]
+                if norm is None:
+                    torch.addmm(self.fc2.bias, conv.reshape(-1, conv.shape[-1]), self.fc2.weight.t(), out=rows_out)
+                else:
+                    torch.mul(norm(self.fc2(conv[0])), scale[b], out=rows_out)
+        return out
 
 
 class EfficientChannelAttention(nn.Module):
@@ -151,18 +186,21 @@ class EfficientChannelAttention(nn.Module):
         value_norm_eps: eps of the value LayerNorm (1e-5 in FAN's released models, while its other norms use
             1e-6).
         norm_layer: the normalisation between the depthwise convs (BatchNorm2d, or SyncBatchNorm).
+        fast: the fast path's inference form: the value MLP, with the value norm and the gate, by row strips on
+            large maps (:class:`ConvValueMlp`).
     """
 
     def __init__(self, dim: int, num_heads: int, hidden_dim: int, qkv_bias: bool = True, attn_drop: float = 0.,
                  drop: float = 0., value_residual: bool = True, value_norm_eps: float = 1e-5,
-                 norm_layer: Callable[[int], nn.Module] = nn.BatchNorm2d):
+                 norm_layer: Callable[[int], nn.Module] = nn.BatchNorm2d, fast: bool = False):
         super().__init__()
         if dim % num_heads:
             raise ValueError(f'dim {dim} is not divisible by num_heads {num_heads}')
         self.num_heads = num_heads
+        self.fast = fast
         self.temperature = nn.Parameter(torch.ones(num_heads, 1, 1))
         self.q = nn.Linear(dim, dim, bias=qkv_bias)
-        self.mlp_v = ConvValueMlp(dim, hidden_dim, value_residual, drop, norm_layer)
+        self.mlp_v = ConvValueMlp(dim, hidden_dim, value_residual, drop, norm_layer, strips=fast)
         self.norm_v = nn.LayerNorm(dim, eps=value_norm_eps)
         self.attn_drop = nn.Dropout(attn_drop)
 
@@ -173,4 +211,7 @@ class EfficientChannelAttention(nn.Module):
 
     def forward(self, x: Tensor, size: Tuple[int, int]) -> Tensor:
         """(B, N, C) tokens of an (H, W) = ``size`` map -> (B, N, C)."""
+        if self.fast and not self.training and strips_allowed(x):
+            # inference: the value LayerNorm and the gate are applied strip by strip too (when there are strips)
+            return self.mlp_v(x, size, self.norm_v, self.gate(x))
         return self.norm_v(self.mlp_v(x, size)) * self.gate(x)
