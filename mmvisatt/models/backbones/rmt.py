@@ -393,8 +393,9 @@ class RMT(DecayBackbone):
         fused_attention: the fast path (True: ``scaled_dot_product_attention``, and the residual adds of the depthwise
             convs and blocks in their allocation-saving forms, :func:`residual_depthwise` and
             :func:`~mmvisatt.models.layers.inplace.add_into`, a channels-last stem, and the stem's and downsampling's
-            BatchNorms folded into their convs when they use running statistics, :func:`conv_norm`) or the explicit
-            softmax reference with literal adds and separate norms, the parity oracle.
+            BatchNorms folded into their convs when they use running statistics, :func:`conv_norm`, and at CPU
+            inference the FFN of large maps by row strips, :class:`ConvFFN`) or the explicit softmax reference with
+            literal adds and separate norms, the parity oracle.
         out_norms: a LayerNorm per output (dense tasks, as the official ``extra_norms``); False returns the raw
             stage outputs, which the official classifier reads (with :class:`RMTProjectionNeck`).
         out_indices: outputs to return (default: all stages, i.e. (0, 1, 2, 3)).
