@@ -23,10 +23,10 @@ from timm.layers import DropPath, Mlp
 from torch import Tensor
 
 from mmvisatt.checkpoint import register_converter
-from ..layers.inplace import add_into, gelu_into
+from ..layers.inplace import add_into, gelu_into, linear_into
 from ..layers.spatial_decay import (SpatialDecay, TokenGroups, decayed_attention, group_tokens,
                                     grouped_attention_fused, ungroup_tokens)
-from ..layers.strips import row_strips, strip_rows, strips_allowed
+from ..layers.strips import row_strips, strip_rows
 from .revit import PatchEmbed, PatchMerging
 from .rmt import ConvDownsample, ConvStem, DecayBackbone, RetentiveBlock
 
@@ -101,8 +101,8 @@ class SwinEuSABlock(nn.Module):
 
     def forward(self, x: Tensor, *context) -> Tensor:
         x = x + self.drop_path(self.attn(self.norm1(x), *context))
-        if self.attn.fused and not self.training and strips_allowed(x):
-            rows = strip_rows(x.shape[1], x.shape[2] * self.mlp.fc1.out_features * x.element_size())
+        if self.attn.fused and not self.training:
+            rows = strip_rows(x, x.shape[1], x.shape[2] * self.mlp.fc1.out_features)
             if rows is not None:
                 return self._mlp_strips(x, rows)
         return x + self.drop_path(self.mlp(self.norm2(x)))
@@ -116,8 +116,7 @@ class SwinEuSABlock(nn.Module):
             for first, end, _, _ in row_strips(H, rows, 0):
                 tokens = x[b, first:end].reshape(-1, C)
                 hidden = gelu_into(self.mlp.fc1(self.norm2(tokens)))
-                rows_out = out[b, first:end].view(-1, C)
-                torch.addmm(self.mlp.fc2.bias, hidden, self.mlp.fc2.weight.t(), out=rows_out).add_(tokens)
+                linear_into(self.mlp.fc2, hidden, out[b, first:end].view(-1, C)).add_(tokens)
         return out
 
 

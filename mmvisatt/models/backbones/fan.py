@@ -30,10 +30,10 @@ from torch import Tensor
 from mmvisatt.checkpoint import register_converter
 from ..layers.channel_attention import (ConvValueMlp, EfficientChannelAttention, TokenAttention,
                                         multi_head_attention)
-from ..layers.inplace import add_into
+from ..layers.inplace import add_into, linear_into
 from ..layers.layout import tokens_to_map
 from ..layers.simple_pyramid import PYRAMID_WIDTHS, SimpleFeaturePyramid
-from ..layers.strips import row_strips, strip_rows, strips_allowed
+from ..layers.strips import row_strips, strip_rows
 from ..layers.window import (WindowGrid, merge_windows, partition_windows, relative_position_index,
                              window_attention_mask, window_gather)
 from .base import AttentionBackbone, LayerOrder, init_transformer_weights, stage_layer_order
@@ -295,13 +295,18 @@ class WindowAttention(nn.Module):
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
 
+    def relative_bias(self) -> Tensor:
+        """(heads, N, N) relative-position bias of the window's token pairs."""
+        N = self.window_size ** 2
+        bias = self.relative_position_bias_table[self.relative_position_index.view(-1)]
+        return bias.view(N, N, -1).permute(2, 0, 1)
+
     def forward(self, x: Tensor, num_windows: int, mask: Optional[Tensor] = None) -> Tensor:
         """x: (B * num_windows, N, C); mask: additive (num_windows, N, N) -> (B * num_windows, N, C)."""
         BW, N, C = x.shape
         h = self.num_heads
         q, k, v = self.qkv(x).reshape(-1, num_windows, N, 3, h, C // h).permute(3, 0, 1, 4, 2, 5)
-        bias = self.relative_position_bias_table[self.relative_position_index.view(-1)]
-        bias = bias.view(N, N, h).permute(2, 0, 1)
+        bias = self.relative_bias()
         if mask is not None:
             bias = bias + mask[:, None]
         out = multi_head_attention(q, k, v, bias, dropout=self.attn_drop if self.training else 0.,
@@ -313,12 +318,11 @@ class WindowAttention(nn.Module):
         x (B * num_windows, N, C), the first ``plain`` windows unmasked, the rest with ``masks``."""
         BW, N, C = x.shape
         h = self.num_heads
-        bias = self.relative_position_bias_table[self.relative_position_index.view(-1)]
-        bias = bias.view(N, N, h).permute(2, 0, 1)
-        if not self.training and strips_allowed(x):
+        bias = self.relative_bias()
+        if not self.training:
             # inference: runs of plain windows, so that no (windows, N, 3C) projection is allocated whole
             # (FAN-Swin-T's first stage at 800x1216: 72 MB)
-            rows = strip_rows(plain, N * 3 * C * x.element_size())
+            rows = strip_rows(x, plain, N * 3 * C)
             if rows is not None:
                 return self._forward_window_runs(x, plain, masks, bias, rows)
         q, k, v = self.qkv(x).reshape(BW, N, 3, h, C // h).permute(2, 0, 3, 1, 4)
@@ -342,7 +346,7 @@ class WindowAttention(nn.Module):
         for first, end, run_bias in runs:
             q, k, v = self.qkv(x[first:end]).reshape(end - first, N, 3, h, C // h).permute(2, 0, 3, 1, 4)
             o = multi_head_attention(q, k, v, run_bias).transpose(1, 2).reshape(-1, C)
-            torch.addmm(self.proj.bias, o, self.proj.weight.t(), out=out[first:end].view(-1, C))
+            linear_into(self.proj, o, out[first:end].view(-1, C))
         return out
 
 

@@ -21,9 +21,9 @@ from timm.layers import DropPath
 from torch import Tensor
 
 from mmvisatt.checkpoint import load_pretrained, read_checkpoint, register_converter
-from ..layers.inplace import add_into, gelu_into
+from ..layers.inplace import add_into, gelu_into, linear_into
 from ..layers.spatial_decay import SpatialDecay, decayed_attention
-from ..layers.strips import row_strips, strip_rows, strips_allowed
+from ..layers.strips import row_strips, strip_rows
 from .base import AttentionBackbone, LayerOrder, init_transformer_weights, stage_layer_order
 
 
@@ -131,10 +131,9 @@ class ConvFFN(nn.Module):
         self.fc2 = nn.Linear(hidden, dim)
 
     def forward(self, x: Tensor) -> Tensor:
-        if self.fold and strips_allowed(x):
-            rows = strip_rows(x.shape[1], x.shape[2] * self.fc1.out_features * x.element_size())
-            if rows is not None:
-                return self._forward_strips(x, rows)
+        rows = strip_rows(x, x.shape[1], x.shape[2] * self.fc1.out_features) if self.fold else None
+        if rows is not None:
+            return self._forward_strips(x, rows)
         h = self.fc1(x)
         # the fast path lets GELU overwrite fc1's output when no backward needs it: one wide map fewer to allocate
         h = gelu_into(h) if self.fold else self.act(h)
@@ -150,8 +149,7 @@ class ConvFFN(nn.Module):
                 h = gelu_into(self.fc1(x[b:b + 1, top:bottom]))
                 h = residual_depthwise(self.dwconv, h, True)[0, first - top:end - top]
                 # fc2 writes its rows of the output directly
-                torch.addmm(self.fc2.bias, h.reshape(-1, h.shape[-1]), self.fc2.weight.t(),
-                            out=out[b, first:end].view(-1, out.shape[-1]))
+                linear_into(self.fc2, h.reshape(-1, h.shape[-1]), out[b, first:end].view(-1, out.shape[-1]))
         return out
 
 

@@ -6,10 +6,10 @@ from .residual_attention import (PooledScores, ScoreFactors, TokenGrid, WindowSc
                                  align_pooled_by_position, align_pooled_official, mix_scores, regrid_by_position)
 from .shunted_attention import HeadGroupKV, ShuntedAttention
 from .simple_pyramid import SimpleFeaturePyramid
-from .strips import row_strips, strip_rows, strips_allowed
 from .spatial_decay import (GroupRun, SpatialDecay, TokenGroups, decay_bias, decayed_attention, grid_distance,
                             group_bias, group_runs, group_tokens, grouped_attention_fused, head_decay_rates,
                             line_distance, token_groups, ungroup_tokens)
+from .strips import row_strips, strip_rows
 from .window import (WindowGather, WindowGrid, merge_windows, partition_windows, relative_position_index,
                      window_attention_mask, window_gather, window_partition, window_reverse)
 
@@ -23,5 +23,5 @@ __all__ = [
     'merge_windows', 'partition_windows', 'relative_position_index', 'window_attention_mask', 'window_partition',
     'window_reverse', 'HeadGroupKV', 'ShuntedAttention', 'ConvValueMlp', 'DepthwiseConvBlock',
     'EfficientChannelAttention', 'TokenAttention', 'channel_gate', 'multi_head_attention', 'map_to_tokens',
-    'tokens_to_map', 'row_strips', 'strip_rows', 'strips_allowed', 'WindowGather', 'window_gather'
+    'tokens_to_map', 'row_strips', 'strip_rows', 'WindowGather', 'window_gather'
 ]

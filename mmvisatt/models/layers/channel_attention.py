@@ -24,7 +24,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .layout import map_to_tokens, tokens_to_map
-from .strips import row_strips, strip_rows, strips_allowed
+from .inplace import linear_into
+from .strips import row_strips, strip_rows
 
 
 def multi_head_attention(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor] = None, dropout: float = 0.,
@@ -140,8 +141,8 @@ class ConvValueMlp(nn.Module):
         """(B, N, C) -> (B, N, C); with ``norm`` and ``scale`` (B, 1, C): ``norm(out) * scale`` (the channel
         attention's epilogue, which strips apply to their own rows)."""
         # in training mode the BatchNorm would take statistics per strip (and dropout is on): one pass
-        if self.strips and not self.training and strips_allowed(x):
-            rows = strip_rows(size[0], size[1] * self.fc1.out_features * x.element_size())
+        if self.strips and not self.training:
+            rows = strip_rows(x, size[0], size[1] * self.fc1.out_features)
             if rows is not None:
                 return self._forward_strips(x, size, rows, norm, scale)
         x = self.fc1(x)
@@ -169,7 +170,7 @@ class ConvValueMlp(nn.Module):
                     conv.add_(h[:, keep])
                 rows_out = out[b, first * W:end * W]
                 if norm is None:
-                    torch.addmm(self.fc2.bias, conv.reshape(-1, conv.shape[-1]), self.fc2.weight.t(), out=rows_out)
+                    linear_into(self.fc2, conv.reshape(-1, conv.shape[-1]), rows_out)
                 else:
                     torch.mul(norm(self.fc2(conv[0])), scale[b], out=rows_out)
         return out
@@ -197,7 +198,6 @@ class EfficientChannelAttention(nn.Module):
         if dim % num_heads:
             raise ValueError(f'dim {dim} is not divisible by num_heads {num_heads}')
         self.num_heads = num_heads
-        self.fast = fast
         self.temperature = nn.Parameter(torch.ones(num_heads, 1, 1))
         self.q = nn.Linear(dim, dim, bias=qkv_bias)
         self.mlp_v = ConvValueMlp(dim, hidden_dim, value_residual, drop, norm_layer, strips=fast)
@@ -211,7 +211,8 @@ class EfficientChannelAttention(nn.Module):
 
     def forward(self, x: Tensor, size: Tuple[int, int]) -> Tensor:
         """(B, N, C) tokens of an (H, W) = ``size`` map -> (B, N, C)."""
-        if self.fast and not self.training and strips_allowed(x):
-            # inference: the value LayerNorm and the gate are applied strip by strip too (when there are strips)
+        if not self.training:
+            # no dropout, so the gate may come first: the value MLP then applies the value LayerNorm and the gate
+            # to each of its strips (when it runs by strips)
             return self.mlp_v(x, size, self.norm_v, self.gate(x))
         return self.norm_v(self.mlp_v(x, size)) * self.gate(x)

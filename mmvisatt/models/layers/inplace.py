@@ -1,5 +1,6 @@
 """In-place arithmetic that gives exactly the out-of-place result, for the fast and lean paths."""
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
@@ -25,3 +26,11 @@ def gelu_into(x: Tensor) -> Tensor:
     if torch.is_grad_enabled() and x.requires_grad:
         return F.gelu(x)
     return torch.ops.aten.gelu_(x)
+
+
+def linear_into(layer: nn.Linear, x: Tensor, out: Tensor) -> Tensor:
+    """``layer(x)`` for 2-d ``x``, written into ``out`` (rows of a larger output, e.g. one strip's): the same
+    product and bias as the layer computes."""
+    if layer.bias is None:
+        return torch.mm(x, layer.weight.t(), out=out)
+    return torch.addmm(layer.bias, x, layer.weight.t(), out=out)

@@ -20,15 +20,14 @@ STRIP_BYTES = 4 << 20
 MIN_ROWS = 16
 
 
-def strips_allowed(x: Tensor) -> bool:
-    """CPU inference: no autograd graph to record, no autocast (the strips write into a preallocated output of the
-    input's dtype). GPUs keep freed blocks in PyTorch's caching allocator, so there a whole map costs no faults and
-    strips would only add kernel launches."""
-    return x.device.type == 'cpu' and not torch.is_grad_enabled() and not torch.is_autocast_enabled('cpu')
-
-
-def strip_rows(height: int, row_bytes: int) -> Optional[int]:
-    """Rows per strip for a wide map of ``height`` rows of ``row_bytes`` bytes each, or None for one pass."""
+def strip_rows(x: Tensor, height: int, row_elements: int) -> Optional[int]:
+    """Rows per strip for a wide map of ``height`` rows of ``row_elements`` elements of ``x``'s dtype, or None for
+    one pass: always outside CPU inference (an autograd graph to record, or autocast, since the strips write into
+    a preallocated output of the input's dtype). GPUs keep freed blocks in PyTorch's caching allocator, so there a
+    whole map costs no faults and strips would only add kernel launches."""
+    if x.device.type != 'cpu' or torch.is_grad_enabled() or torch.is_autocast_enabled('cpu'):
+        return None
+    row_bytes = row_elements * x.element_size()
     if height * row_bytes <= SPLIT_BYTES:
         return None
     rows = max(MIN_ROWS, STRIP_BYTES // max(row_bytes, 1))
