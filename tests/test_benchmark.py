@@ -4,6 +4,7 @@ Times are never asserted (the machine is shared); only that they were measured a
 """
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -231,3 +232,45 @@ def test_cpu_clock_is_refused_for_a_gpu_and_unknown_clocks_are_named(monkeypatch
     with pytest.raises(BenchmarkError, match='use --clock wall'):
         BenchmarkSettings(device='cuda', clock='cpu')
     assert BenchmarkSettings(device='cuda').clock == 'wall'
+
+
+def test_fast_path_pair_splits_cpu_time_into_user_and_system(capsys):
+    """With the CPU clock the tool also reports user and system time and page faults: system time (the kernel
+    zeroing fresh pages) swings between runs, so the user-time ratio is the one that compares computation."""
+    tool = _fast_path_ratios()
+    threads = torch.get_num_threads()
+    try:
+        ta, tb = tool.main(['fast-path', 'EVT', 't', '--shape', '64', '64', '--repeats', '2', '--warmup', '0',
+                            '--clock', 'cpu'])
+        cpu_out = capsys.readouterr().out
+        # elapsed time has no user and system parts: no split
+        tool.main(['fast-path', 'EVT', 't', '--shape', '64', '64', '--repeats', '1', '--warmup', '0'])
+        wall_out = capsys.readouterr().out
+    finally:
+        torch.set_num_threads(threads)
+    assert ta > 0 and tb > 0
+    split = [line for line in cpu_out.splitlines() if line.startswith('CPU time split')]
+    assert len(split) == 1 and 'minor page faults' in split[0]
+    pattern = r'user fused_attention=False ([\d.]+) ms, fused_attention=True ([\d.]+) ms'
+    users = [float(v) for v in re.findall(pattern, split[0])[0]]
+    assert all(u >= 0 for u in users) and sum(users) > 0
+    assert 'CPU time split' not in wall_out
+
+
+def test_profile_splits_a_pass_by_kind_of_op(capsys):
+    """--profile: one pass's self CPU time by kind of op; the kinds add up to the total, and a model of linear layers
+    spends its time in the 'linear layers' kind."""
+    tool = _fast_path_ratios()
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64))
+    x = torch.randn(512, 64)
+    kinds = tool.profile_pass(lambda m: m(x), model)
+    assert set(kinds) == {*tool.OP_KINDS, 'other', 'total'}
+    assert math.isclose(sum(v for k, v in kinds.items() if k != 'total'), kinds['total'], rel_tol=1e-9)
+    assert kinds['linear layers (GEMM)'] > 0 and kinds['attention kernels'] == 0 and kinds['convolutions'] == 0
+    threads = torch.get_num_threads()
+    try:
+        tool.main(['fast-path', 'EVT', 't', '--shape', '64', '64', '--repeats', '1', '--warmup', '0', '--profile'])
+    finally:
+        torch.set_num_threads(threads)
+    out = capsys.readouterr().out
+    assert 'self CPU time by kind of op' in out and '  attention kernels: ' in out and '  total: ' in out

@@ -17,12 +17,18 @@ is printed. Example:
   python tools/analysis/fast_path_ratios.py reswin-det --shape 800 1216 --repeats 3 --warmup 1 --threads 1
 With --clock cpu the times are the process's CPU time instead of elapsed time: on a machine shared with other
 jobs that leaves out the waits for a core (memory-bandwidth contention remains), so the ratio scatters less.
+It also prints that CPU time split into user and system time, with the minor page faults per pass (where the OS
+reports them, via getrusage): system time is mostly the kernel handing out fresh zeroed pages for large maps,
+which varies from run to run with the machine's memory state, while user time is the computation itself.
+--profile adds one profiled pass of each model, its self CPU time by kind of op (linear layers, attention
+kernels, convolutions, other): what both paths share bounds the ratio any attention kernel can give.
 """
 import argparse
 import inspect
 import os.path as osp
 import statistics
 import time
+from typing import Optional, Tuple
 
 import torch
 from mmengine.registry import MODELS
@@ -83,6 +89,41 @@ def build_detector_pair(config: str, shape, seed: int = 0):
     return reswin, swin, batch, sorted(shared)
 
 
+def cpu_usage() -> Optional[Tuple[float, float, int]]:
+    """(user seconds, system seconds, minor page faults) of this process so far, or None where the OS has no
+    getrusage (Windows)."""
+    try:
+        import resource
+    except ImportError:
+        return None
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime, usage.ru_stime, usage.ru_minflt
+
+
+# aten ops by the kind of work they do, for --profile (self CPU time of each op, so nothing is counted twice)
+OP_KINDS = {
+    'linear layers (GEMM)': ('aten::addmm', 'aten::mm'),
+    'attention kernels': ('aten::_scaled_dot_product_flash_attention_for_cpu', 'aten::bmm', 'aten::baddbmm',
+                          'aten::_softmax', 'aten::_scaled_dot_product_attention_math'),
+    'convolutions': ('aten::mkldnn_convolution', 'aten::_convolution', 'aten::convolution',
+                     'aten::_slow_conv2d_forward', 'aten::thnn_conv2d'),
+}
+
+
+def profile_pass(run, model) -> dict:
+    """Self CPU time (ms) of one pass by kind of op (:data:`OP_KINDS`, the rest as 'other'), and the total."""
+    from torch.profiler import ProfilerActivity, profile
+    with torch.no_grad(), profile(activities=[ProfilerActivity.CPU]) as prof:
+        run(model)
+    kinds = dict.fromkeys([*OP_KINDS, 'other', 'total'], 0.)
+    for event in prof.key_averages():
+        ms = event.self_cpu_time_total / 1e3
+        kind = next((k for k, names in OP_KINDS.items() if event.key in names), 'other')
+        kinds[kind] += ms
+        kinds['total'] += ms
+    return kinds
+
+
 def build_pair(args):
     """(A, B, label A, label B, run): the ratio printed is time(A) / time(B); ``run(model)`` is one pass."""
     torch.manual_seed(args.seed)
@@ -131,6 +172,9 @@ def main(argv=None):
     parser.add_argument('--clock', choices=['wall', 'cpu'], default='wall',
                         help="wall: elapsed time; cpu: this process's CPU time, which leaves out the time other "
                         "processes hold the core (with one thread nothing else runs in parallel)")
+    parser.add_argument('--profile', action='store_true',
+                        help='after the timed passes, profile one more pass of each model and print its self CPU '
+                        'time by kind of op (linear layers, attention kernels, convolutions, other)')
     args = parser.parse_args(argv)
     if args.pair == 'fast-path' and not (args.family and args.arch):
         parser.error('fast-path needs FAMILY and ARCH, e.g. "fast-path RMT t"')
@@ -140,19 +184,39 @@ def main(argv=None):
     a.eval()
     b.eval()
     clock = time.perf_counter if args.clock == 'wall' else time.process_time
-    times, outputs = ([], []), [None, None]
+    split = args.clock == 'cpu' and cpu_usage() is not None
+    times, usages, outputs = ([], []), ([], []), [None, None]
     with torch.no_grad():
         for i in range(args.warmup + args.repeats):
             for j, model in enumerate((a, b)):
+                before = cpu_usage() if split else None
                 start = clock()
                 outputs[j] = run(model)
                 if i >= args.warmup:
                     times[j].append(clock() - start)
+                    if split:
+                        usages[j].append([end - begin for begin, end in zip(before, cpu_usage())])
     ta, tb = (statistics.median(t) * 1e3 for t in times)
     print(f'{args.shape[0]}x{args.shape[1]}, {args.threads} thread(s), {args.clock} clock, {args.repeats} repeats: '
           f'{label_a} {ta:.1f} ms, {label_b} {tb:.1f} ms, ratio {ta / tb:.3f}')
     # the pass-by-pass ratios show how far load from other processes moved the median
     print('per pass (ms): ' + ', '.join(f'{x * 1e3:.0f}/{y * 1e3:.0f}' for x, y in zip(*times)))
+    if split:
+        (ua, sa, fa), (ub, sb, fb) = ([statistics.median(u[k] for u in usage) for k in range(3)] for usage in usages)
+        # the kernel may account CPU time in scheduler ticks, so a tiny model's pass can read 0
+        user_ratio = f'{ua / ub:.3f}' if ub > 0 else 'n/a'
+        print(f'CPU time split (medians per pass): user {label_a} {ua * 1e3:.1f} ms, {label_b} {ub * 1e3:.1f} ms, '
+              f'ratio {user_ratio}; system {sa * 1e3:.1f} ms / {sb * 1e3:.1f} ms; '
+              f'minor page faults {fa:.0f} / {fb:.0f}')
+    if args.profile:
+        # where each model's time goes: work both paths share (GEMMs, convolutions) bounds the possible ratio
+        profiles = [profile_pass(run, model) for model in (a, b)]
+        print(f'one profiled pass each, self CPU time by kind of op: {label_a} / {label_b}')
+        for kind in profiles[0]:
+            a_ms, b_ms = profiles[0][kind], profiles[1][kind]
+            shares = '' if kind == 'total' else (f' ({100 * a_ms / profiles[0]["total"]:.0f}% / '
+                                                 f'{100 * b_ms / profiles[1]["total"]:.0f}%)')
+            print(f'  {kind}: {a_ms:.1f} / {b_ms:.1f} ms{shares}')
     if args.pair == 'reswin-det':
         # the mask head runs once per kept box, so unequal detection counts would make the shared part unequal
         print('detections in the last pass: ' + ', '.join(
