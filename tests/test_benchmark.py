@@ -130,6 +130,31 @@ def test_cpu_clock_times_the_passes_and_says_so(tmp_path, capsys, monkeypatch):
     assert '(CPU time)' in table.splitlines()[1]
 
 
+def test_cpu_clock_splits_user_and_system_time(tmp_path, capsys, monkeypatch):
+    """With --clock cpu each pass also gets its user and system time and minor page faults (getrusage
+    differences): a fake usage that advances 3 ms user, 1 ms system and 10 faults per reading gives exactly those
+    per pass. The wall clock reports no split."""
+    import mmvisatt.analysis.benchmark as benchmark
+    readings = iter(range(10 ** 6))
+
+    def fake_usage():
+        n = next(readings)
+        return n * 3e-3, n * 1e-3, n * 10
+
+    monkeypatch.setattr(benchmark, 'cpu_usage', fake_usage)
+    out = tmp_path / 'split.json'
+    main(['--backbone', 'ReSwinTransformer', '--arch', TINY, *QUICK, '--measure', 'inference', '--clock', 'cpu',
+          '--out', str(out)])
+    table = capsys.readouterr().out
+    split = json.loads(out.read_text())['models'][0]['inference']['cpu_split']
+    assert split['user_ms']['median'] == pytest.approx(3.0) and split['system_ms']['median'] == pytest.approx(1.0)
+    assert split['minor_faults']['median'] == 10 and split['user_ms']['n'] == 2
+    assert 'inference user time' in table and 'inference system time' in table
+    main(['--backbone', 'ReSwinTransformer', '--arch', TINY, *QUICK, '--measure', 'inference', '--out', str(out)])
+    assert 'cpu_split' not in json.loads(out.read_text())['models'][0]['inference']
+    assert 'user time' not in capsys.readouterr().out
+
+
 def test_summarize():
     stats = summarize([5.0, 1.0, 3.0, 2.0, 4.0])
     assert (stats['median'], stats['q1'], stats['q3'], stats['iqr']) == (3.0, 2.0, 4.0, 2.0)

@@ -19,7 +19,10 @@ What is measured, on a synthetic batch of the requested resolution and batch siz
 ``clock`` ``'wall'`` (default) times with ``time.perf_counter``; ``'cpu'`` with the process's CPU time
 (``time.process_time``, CPU only), which on a machine shared with other jobs leaves out the waits for a core. CPU
 time sums all threads of the process, so with more than one torch thread it is work, not latency; it includes the
-kernel's time for the process (page faults of fresh allocations), which is part of the cost.
+kernel's time for the process (page faults of fresh allocations), which is part of the cost. With it every timed
+measurement also reports ``cpu_split``: the user time, the system time and the minor page faults of each pass
+(``getrusage``, where the OS has it). System time is mostly the kernel zeroing fresh pages for large tensors; it
+varies from run to run with the machine's memory state, while user time is the computation.
 
 ``dtype`` ``bf16`` / ``fp16`` mean autocast mixed precision with float32 weights (what mmengine's
 ``AmpOptimWrapper`` does); fp16 training scales the loss with a ``GradScaler``.
@@ -533,6 +536,23 @@ def summarize(times_ms: Sequence[float]) -> Dict[str, float]:
                 n=len(values))
 
 
+def cpu_usage() -> Optional[Tuple[float, float, int]]:
+    """(user seconds, system seconds, minor page faults) of this process so far, or None where the OS has no
+    ``getrusage`` (Windows)."""
+    try:
+        import resource
+    except ImportError:
+        return None
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime, usage.ru_stime, usage.ru_minflt
+
+
+def cpu_split(usages: Sequence[Sequence[float]]) -> Dict[str, Dict[str, float]]:
+    """Per-pass (user s, system s, minor faults) differences -> summaries of user_ms, system_ms, minor_faults."""
+    return dict(user_ms=summarize([u[0] * 1e3 for u in usages]), system_ms=summarize([u[1] * 1e3 for u in usages]),
+                minor_faults=summarize([u[2] for u in usages]))
+
+
 def _synchronize(device: str) -> None:
     if torch.device(device).type == 'cuda':
         torch.cuda.synchronize(device)
@@ -544,16 +564,23 @@ def time_passes(workload: Workload, mode: str) -> dict:
     clock = CLOCKS[settings.clock]
     for _ in range(settings.warmup):
         workload.run(mode)
-    times = []
+    split = settings.clock == 'cpu' and cpu_usage() is not None
+    times, usages = [], []
     for _ in range(settings.repeats):
         _synchronize(settings.device)
+        before = cpu_usage() if split else None
         start = clock()
         workload.run(mode)
         _synchronize(settings.device)
         times.append((clock() - start) * 1e3)
+        if split:
+            usages.append([end - begin for begin, end in zip(before, cpu_usage())])
     stats = summarize(times)
-    return dict(time_ms=stats, throughput=settings.batch_size / (stats['median'] / 1e3),
-                times_ms=[round(t, 3) for t in times])
+    result = dict(time_ms=stats, throughput=settings.batch_size / (stats['median'] / 1e3),
+                  times_ms=[round(t, 3) for t in times])
+    if split:
+        result['cpu_split'] = cpu_split(usages)
+    return result
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -713,8 +740,12 @@ METRICS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
     ('params (M)', ('params', 'total')),
     ('inference latency (ms, median)', ('inference', 'time_ms', 'median')),
     ('inference throughput (img/s)', ('inference', 'throughput')),
+    ('inference user time (ms, median)', ('inference', 'cpu_split', 'user_ms', 'median')),
+    ('inference system time (ms, median)', ('inference', 'cpu_split', 'system_ms', 'median')),
     ('train step (ms, median)', ('train', 'time_ms', 'median')),
     ('train throughput (img/s)', ('train', 'throughput')),
+    ('train user time (ms, median)', ('train', 'cpu_split', 'user_ms', 'median')),
+    ('train system time (ms, median)', ('train', 'cpu_split', 'system_ms', 'median')),
     ('inference peak (MiB)', ('memory', 'inference', 'peak_mib')),
     ('inference step peak (MiB)', ('memory', 'inference', 'step_peak_mib')),
     ('train peak (MiB)', ('memory', 'train', 'peak_mib')),

@@ -28,12 +28,12 @@ import inspect
 import os.path as osp
 import statistics
 import time
-from typing import Optional, Tuple
 
 import torch
 from mmengine.registry import MODELS
 
 import mmvisatt.models  # noqa: F401  (registers the backbones)
+from mmvisatt.analysis.benchmark import cpu_split, cpu_usage
 
 SWITCHES = {'RMT': ('fused_attention', True, False), 'EVT': ('fused_attention', True, False),
             'FAN': ('fused_attn', True, False), 'ShuntedTransformer': ('attn_impl', 'sdpa', 'explicit')}
@@ -87,17 +87,6 @@ def build_detector_pair(config: str, shape, seed: int = 0):
     swin.load_state_dict(shared, strict=False)
     batch = det_batch(reswin, BenchmarkSettings(shape=tuple(shape), seed=seed))
     return reswin, swin, batch, sorted(shared)
-
-
-def cpu_usage() -> Optional[Tuple[float, float, int]]:
-    """(user seconds, system seconds, minor page faults) of this process so far, or None where the OS has no
-    getrusage (Windows)."""
-    try:
-        import resource
-    except ImportError:
-        return None
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime, usage.ru_stime, usage.ru_minflt
 
 
 # aten ops by the kind of work they do, for --profile (self CPU time of each op, so nothing is counted twice)
@@ -202,11 +191,12 @@ def main(argv=None):
     # the pass-by-pass ratios show how far load from other processes moved the median
     print('per pass (ms): ' + ', '.join(f'{x * 1e3:.0f}/{y * 1e3:.0f}' for x, y in zip(*times)))
     if split:
-        (ua, sa, fa), (ub, sb, fb) = ([statistics.median(u[k] for u in usage) for k in range(3)] for usage in usages)
+        (ua, sa, fa), (ub, sb, fb) = ([c[k]['median'] for k in ('user_ms', 'system_ms', 'minor_faults')]
+                                      for c in map(cpu_split, usages))
         # the kernel may account CPU time in scheduler ticks, so a tiny model's pass can read 0
         user_ratio = f'{ua / ub:.3f}' if ub > 0 else 'n/a'
-        print(f'CPU time split (medians per pass): user {label_a} {ua * 1e3:.1f} ms, {label_b} {ub * 1e3:.1f} ms, '
-              f'ratio {user_ratio}; system {sa * 1e3:.1f} ms / {sb * 1e3:.1f} ms; '
+        print(f'CPU time split (medians per pass): user {label_a} {ua:.1f} ms, {label_b} {ub:.1f} ms, '
+              f'ratio {user_ratio}; system {sa:.1f} ms / {sb:.1f} ms; '
               f'minor page faults {fa:.0f} / {fb:.0f}')
     if args.profile:
         # where each model's time goes: work both paths share (GEMMs, convolutions) bounds the possible ratio
