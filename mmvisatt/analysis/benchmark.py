@@ -553,6 +553,18 @@ def cpu_split(usages: Sequence[Sequence[float]]) -> Dict[str, Dict[str, float]]:
                 minor_faults=summarize([u[2] for u in usages]))
 
 
+def time_pass(run: Callable[[], Any], clock: Callable[[], float],
+              split: bool) -> Tuple[float, Optional[List[float]], Any]:
+    """Call ``run()`` once: (seconds by ``clock``, the (user s, system s, minor faults) it took when ``split`` else
+    None, what it returned)."""
+    before = cpu_usage() if split else None
+    start = clock()
+    result = run()
+    elapsed = clock() - start
+    usage = [end - begin for begin, end in zip(before, cpu_usage())] if split else None
+    return elapsed, usage, result
+
+
 def _synchronize(device: str) -> None:
     if torch.device(device).type == 'cuda':
         torch.cuda.synchronize(device)
@@ -568,13 +580,10 @@ def time_passes(workload: Workload, mode: str) -> dict:
     times, usages = [], []
     for _ in range(settings.repeats):
         _synchronize(settings.device)
-        before = cpu_usage() if split else None
-        start = clock()
-        workload.run(mode)
-        _synchronize(settings.device)
-        times.append((clock() - start) * 1e3)
+        elapsed, usage, _ = time_pass(lambda: (workload.run(mode), _synchronize(settings.device)), clock, split)
+        times.append(elapsed * 1e3)
         if split:
-            usages.append([end - begin for begin, end in zip(before, cpu_usage())])
+            usages.append(usage)
     stats = summarize(times)
     result = dict(time_ms=stats, throughput=settings.batch_size / (stats['median'] / 1e3),
                   times_ms=[round(t, 3) for t in times])

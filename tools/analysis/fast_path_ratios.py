@@ -27,13 +27,12 @@ import argparse
 import inspect
 import os.path as osp
 import statistics
-import time
 
 import torch
 from mmengine.registry import MODELS
 
 import mmvisatt.models  # noqa: F401  (registers the backbones)
-from mmvisatt.analysis.benchmark import cpu_split, cpu_usage
+from mmvisatt.analysis.benchmark import CLOCKS, cpu_split, cpu_usage, time_pass
 
 SWITCHES = {'RMT': ('fused_attention', True, False), 'EVT': ('fused_attention', True, False),
             'FAN': ('fused_attn', True, False), 'ShuntedTransformer': ('attn_impl', 'sdpa', 'explicit')}
@@ -158,7 +157,7 @@ def main(argv=None):
     parser.add_argument('--warmup', type=int, default=2)
     parser.add_argument('--threads', type=int, default=1)
     parser.add_argument('--seed', type=int, default=0)
-    parser.add_argument('--clock', choices=['wall', 'cpu'], default='wall',
+    parser.add_argument('--clock', choices=sorted(CLOCKS), default='wall',
                         help="wall: elapsed time; cpu: this process's CPU time, which leaves out the time other "
                         "processes hold the core (with one thread nothing else runs in parallel)")
     parser.add_argument('--profile', action='store_true',
@@ -172,19 +171,17 @@ def main(argv=None):
     # mmdet's SwinTransformer.train() returns None, so no chained .eval()
     a.eval()
     b.eval()
-    clock = time.perf_counter if args.clock == 'wall' else time.process_time
+    clock = CLOCKS[args.clock]
     split = args.clock == 'cpu' and cpu_usage() is not None
     times, usages, outputs = ([], []), ([], []), [None, None]
     with torch.no_grad():
         for i in range(args.warmup + args.repeats):
             for j, model in enumerate((a, b)):
-                before = cpu_usage() if split else None
-                start = clock()
-                outputs[j] = run(model)
+                elapsed, usage, outputs[j] = time_pass(lambda: run(model), clock, split)
                 if i >= args.warmup:
-                    times[j].append(clock() - start)
+                    times[j].append(elapsed)
                     if split:
-                        usages[j].append([end - begin for begin, end in zip(before, cpu_usage())])
+                        usages[j].append(usage)
     ta, tb = (statistics.median(t) * 1e3 for t in times)
     print(f'{args.shape[0]}x{args.shape[1]}, {args.threads} thread(s), {args.clock} clock, {args.repeats} repeats: '
           f'{label_a} {ta:.1f} ms, {label_b} {tb:.1f} ms, ratio {ta / tb:.3f}')
