@@ -1,7 +1,12 @@
 # Semantic FPN, 80k iterations, ADE20K 512x512, with FAN-T-Hybrid.
-# Recipe: PVT/Twins Semantic FPN recipe (AdamW 1e-4, wd 1e-4, batch 16); backbone settings in
+# Recipe: borrowed from PVT Semantic FPN
+# (whai362/PVT@57e2dfa:segmentation/configs/sem_fpn/PVT/fpn_pvt_s_ade20k_40k.py); AdamW 0.0001, wd 0.0001, total batch
+# 16 = 8 GPUs x 2, float32.
+# Why: FAN published no Semantic FPN recipe; PVT's.
+# Every value with its source line, and each deviation with its reason: docs/recipes.md. Backbone settings in
 # _base_/backbones/fan_hybrid_t.py.
-# Written by tools/misc/generate_configs.py from mmvisatt/task_configs.py: edit those, not this.
+# Written by tools/misc/generate_configs.py from mmvisatt/recipes.py and mmvisatt/task_configs.py: edit those, not
+# this.
 _base_ = [
     '_base_/models/semantic_fpn.py',
     '_base_/datasets/ade20k.py',
@@ -11,9 +16,10 @@ _base_ = [
 ]
 
 model = dict(
-    backbone=dict(_base_.preset.backbone, drop_path_rate=_base_.preset.fpn.drop_path_rate),
+    backbone=dict(_base_.preset.backbone, drop_path_rate=0.1,
+                  norm_cfg=dict(type='SyncBN'),
+                  out_norms=False,
+                  pos_exponent='linear'),
     neck=dict(in_channels=_base_.preset.channels))
-optim_wrapper = dict(
-    type='OptimWrapper',
-    optimizer=_base_.preset.fpn.optimizer,
-    paramwise_cfg=dict(custom_keys={key: dict(decay_mult=0.) for key in _base_.preset.no_decay}))
+optim_wrapper = dict(type='OptimWrapper', optimizer=dict(type='AdamW', lr=0.0001, weight_decay=0.0001))
+auto_scale_lr = dict(enable=False, base_batch_size=16)

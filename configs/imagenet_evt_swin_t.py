@@ -1,7 +1,8 @@
 # ImageNet-1k classifier with the official head layout; evaluates a converted official checkpoint
 # (tools/model_converters/convert.py, then tools/test.py) or trains 300 epochs, with EVT-Swin-T.
 # Recipe: Swin ImageNet recipe (AdamW 1e-3, wd 0.05, batch 1024); backbone settings in _base_/backbones/evt_swin_t.py.
-# Written by tools/misc/generate_configs.py from mmvisatt/task_configs.py: edit those, not this.
+# Written by tools/misc/generate_configs.py from mmvisatt/recipes.py and mmvisatt/task_configs.py: edit those, not
+# this.
 _base_ = [
     '_base_/models/image_classifier.py',
     '_base_/datasets/imagenet.py',

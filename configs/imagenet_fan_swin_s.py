@@ -2,7 +2,8 @@
 # (tools/model_converters/convert.py, then tools/test.py) or trains 300 epochs, with FAN-S-Swin.
 # Recipe: official FAN-S-Swin ImageNet run (AdamW 0.0005, wd 0.05, batch 1024); backbone settings in
 # _base_/backbones/fan_swin_s.py.
-# Written by tools/misc/generate_configs.py from mmvisatt/task_configs.py: edit those, not this.
+# Written by tools/misc/generate_configs.py from mmvisatt/recipes.py and mmvisatt/task_configs.py: edit those, not
+# this.
 _base_ = [
     '_base_/models/image_classifier.py',
     '_base_/datasets/imagenet.py',

@@ -2,7 +2,8 @@
 # (tools/model_converters/convert.py, then tools/test.py) or trains 300 epochs, with ReMViTv2-S.
 # Recipe: ReMViTv2 / MViTv2 ImageNet recipe (AdamW 2e-3, wd 0.05, batch 4096); backbone settings in
 # _base_/backbones/remvit_s.py.
-# Written by tools/misc/generate_configs.py from mmvisatt/task_configs.py: edit those, not this.
+# Written by tools/misc/generate_configs.py from mmvisatt/recipes.py and mmvisatt/task_configs.py: edit those, not
+# this.
 _base_ = [
     '_base_/models/image_classifier.py',
     '_base_/datasets/imagenet.py',

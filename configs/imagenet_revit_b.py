@@ -2,7 +2,8 @@
 # (tools/model_converters/convert.py, then tools/test.py) or trains 300 epochs, with ReViT-B.
 # Recipe: official ReViT-B ImageNet run (Adam 1e-3, wd 0.3, batch 8192); backbone settings in
 # _base_/backbones/revit_b.py.
-# Written by tools/misc/generate_configs.py from mmvisatt/task_configs.py: edit those, not this.
+# Written by tools/misc/generate_configs.py from mmvisatt/recipes.py and mmvisatt/task_configs.py: edit those, not
+# this.
 _base_ = [
     '_base_/models/image_classifier.py',
     '_base_/datasets/imagenet.py',

@@ -1,6 +1,10 @@
 # Mask R-CNN + FPN, 3x schedule (36 epochs) with multi-scale training and crops, with RMT-B.
-# Recipe: official RMT Mask R-CNN 3x (AdamW 2e-4, wd 0.05, batch 16); backbone settings in _base_/backbones/rmt_b.py.
-# Written by tools/misc/generate_configs.py from mmvisatt/task_configs.py: edit those, not this.
+# Recipe: official RMT-B Mask R-CNN 3x (qhfan/RMT@32ea214:detect/configs/RMT/maskrcnn_m_3x.py); AdamW 0.0002, wd 0.05,
+# total batch 16 = 8 GPUs x 2, fp16 AMP (dynamic loss scale).
+# Every value with its source line, and each deviation with its reason: docs/recipes.md. Backbone settings in
+# _base_/backbones/rmt_b.py.
+# Written by tools/misc/generate_configs.py from mmvisatt/recipes.py and mmvisatt/task_configs.py: edit those, not
+# this.
 _base_ = [
     '_base_/models/mask_rcnn_fpn.py',
     '_base_/datasets/coco_instance_ms_crop.py',
@@ -10,10 +14,16 @@ _base_ = [
 ]
 
 model = dict(
-    backbone=dict(_base_.preset.backbone, drop_path_rate=_base_.preset.drop_path_rate),
+    backbone=dict(_base_.preset.backbone, drop_path_rate=0.4,
+                  norm_cfg=dict(type='SyncBN'),
+                  init_cfg=dict(_base_.preset.backbone.init_cfg, checkpoint_key='model')),
     neck=dict(in_channels=_base_.preset.channels))
 optim_wrapper = dict(
-    type='OptimWrapper',
-    optimizer=_base_.preset.mask_rcnn_3x.optimizer,
-    paramwise_cfg=dict(custom_keys={key: dict(decay_mult=0.) for key in _base_.preset.no_decay}))
-auto_scale_lr = dict(base_batch_size=_base_.preset.mask_rcnn_3x.batch_size)
+    type='AmpOptimWrapper',
+    optimizer=dict(type='AdamW', lr=0.0002, weight_decay=0.05, betas=(0.9, 0.999)),
+    paramwise_cfg=dict(
+        custom_keys=dict(
+            absolute_pos_embed=dict(decay_mult=0.0),
+            relative_position_bias_table=dict(decay_mult=0.0),
+            norm=dict(decay_mult=0.0))))
+auto_scale_lr = dict(enable=False, base_batch_size=16)

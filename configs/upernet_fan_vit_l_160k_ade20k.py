@@ -1,7 +1,13 @@
 # UperNet (+ FCN auxiliary head), 160k iterations, ADE20K 512x512, with FAN-L-ViT.
-# Recipe: official FAN segmentation optimizer (AdamW 6e-5, wd 0.01, batch 16); backbone settings in
+# Recipe: borrowed from Swin-T UperNet 160k (open-mmlab/mmsegmentation@v1.2.2:configs/swin/swin-tiny-
+# patch4-window7-in1k-pre_upernet_8xb2-160k_ade20k-512x512.py); AdamW 6e-05, wd 0.01, total batch 16 = 8 GPUs x 2,
+# float32.
+# Why: FAN published segmentation for Cityscapes only (SegFormer head); the Swin UperNet recipe, with the FAN
+# segmentation drop path 0 (segmentation/mmseg/models/backbones/fan.py:642-680).
+# Every value with its source line, and each deviation with its reason: docs/recipes.md. Backbone settings in
 # _base_/backbones/fan_vit_l.py.
-# Written by tools/misc/generate_configs.py from mmvisatt/task_configs.py: edit those, not this.
+# Written by tools/misc/generate_configs.py from mmvisatt/recipes.py and mmvisatt/task_configs.py: edit those, not
+# this.
 _base_ = [
     '_base_/models/upernet.py',
     '_base_/datasets/ade20k.py',
@@ -11,10 +17,16 @@ _base_ = [
 ]
 
 model = dict(
-    backbone=dict(_base_.preset.backbone, drop_path_rate=_base_.preset.seg.drop_path_rate),
+    backbone=dict(_base_.preset.backbone, drop_path_rate=0.0,
+                  norm_cfg=dict(type='SyncBN')),
     decode_head=dict(in_channels=_base_.preset.channels),
     auxiliary_head=dict(in_channels=_base_.preset.channels[2]))
 optim_wrapper = dict(
     type='OptimWrapper',
-    optimizer=_base_.preset.seg.optimizer,
-    paramwise_cfg=dict(custom_keys={key: dict(decay_mult=0.) for key in _base_.preset.no_decay}))
+    optimizer=dict(type='AdamW', lr=6e-05, weight_decay=0.01, betas=(0.9, 0.999)),
+    paramwise_cfg=dict(
+        custom_keys=dict(
+            absolute_pos_embed=dict(decay_mult=0.0),
+            relative_position_bias_table=dict(decay_mult=0.0),
+            norm=dict(decay_mult=0.0))))
+auto_scale_lr = dict(enable=False, base_batch_size=16)

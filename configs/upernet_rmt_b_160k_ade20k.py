@@ -1,7 +1,10 @@
 # UperNet (+ FCN auxiliary head), 160k iterations, ADE20K 512x512, with RMT-B.
-# Recipe: official RMT UperNet 160k (AdamW 6e-5, wd 0.01, batch 16); backbone settings in _base_/backbones/rmt_b.py.
-# Reported: the RMT paper's UperNet rows (ADE20K).
-# Written by tools/misc/generate_configs.py from mmvisatt/task_configs.py: edit those, not this.
+# Recipe: official RMT-B UperNet 160k (qhfan/RMT@32ea214:segmentation/configs/RMT/RMT_Uper_m_2x.py); AdamW 6e-05, wd
+# 0.01, total batch 16 = 8 GPUs x 2, fp16 AMP (static loss scale 512).
+# Every value with its source line, and each deviation with its reason: docs/recipes.md. Backbone settings in
+# _base_/backbones/rmt_b.py.
+# Written by tools/misc/generate_configs.py from mmvisatt/recipes.py and mmvisatt/task_configs.py: edit those, not
+# this.
 _base_ = [
     '_base_/models/upernet.py',
     '_base_/datasets/ade20k.py',
@@ -11,10 +14,18 @@ _base_ = [
 ]
 
 model = dict(
-    backbone=dict(_base_.preset.backbone, drop_path_rate=_base_.preset.drop_path_rate),
+    backbone=dict(_base_.preset.backbone, drop_path_rate=0.4,
+                  norm_cfg=dict(type='SyncBN'),
+                  init_cfg=dict(_base_.preset.backbone.init_cfg, checkpoint_key='model')),
     decode_head=dict(in_channels=_base_.preset.channels),
     auxiliary_head=dict(in_channels=_base_.preset.channels[2]))
 optim_wrapper = dict(
-    type='OptimWrapper',
-    optimizer=_base_.preset.seg.optimizer,
-    paramwise_cfg=dict(custom_keys={key: dict(decay_mult=0.) for key in _base_.preset.no_decay}))
+    type='AmpOptimWrapper',
+    loss_scale=512.0,
+    optimizer=dict(type='AdamW', lr=6e-05, weight_decay=0.01, betas=(0.9, 0.999)),
+    paramwise_cfg=dict(
+        custom_keys=dict(
+            absolute_pos_embed=dict(decay_mult=0.0),
+            relative_position_bias_table=dict(decay_mult=0.0),
+            norm=dict(decay_mult=0.0))))
+auto_scale_lr = dict(enable=False, base_batch_size=16)

@@ -219,6 +219,27 @@ def test_hybrid_dense_outputs_feed_a_standard_fpn():
     assert [tuple(o.shape[-2:]) for o in outs] == [(24, 40), (12, 20), (6, 10), (3, 5), (2, 3)]
 
 
+def test_segmentation_layout_ends_at_stride_16():
+    """``feat_downsample=False`` (the official segmentation backbone): the fourth level is the class-attention
+    patch tokens themselves at stride 16, without the detection layout's stride-32 conv; the other levels and the
+    tokens are those of the detection layout with the same weights."""
+    torch.manual_seed(0)
+    det = FAN(arch=TINY['hybrid'], out_norms=False).eval()
+    seg = FAN(arch=TINY['hybrid'], out_norms=False, feat_downsample=False).eval()
+    assert seg.num_features == [16, 24, 32, 32] and seg.strides == (4, 8, 16, 16)
+    assert not hasattr(seg, 'downsample')
+    assert set(det.state_dict()) - set(seg.state_dict()) == {'downsample.weight', 'downsample.bias'}
+    seg.load_state_dict({k: v for k, v in det.state_dict().items() if not k.startswith('downsample.')})
+    x = torch.randn(1, 3, 100, 150)
+    with torch.no_grad():
+        det_out, seg_out = det(x), seg(x)
+    assert [tuple(o.shape[1:]) for o in seg_out] == [(16, 25, 38), (24, 13, 19), (32, 7, 10), (32, 7, 10)]
+    assert all(torch.equal(a, b) for a, b in zip(det_out[:3], seg_out[:3]))
+    assert torch.allclose(det.downsample(seg_out[3]), det_out[3], atol=1e-5)
+    with pytest.raises(ValueError, match='hybrid form only'):
+        FAN(arch=TINY['vit'], feat_downsample=False)
+
+
 def test_bad_inputs_raise():
     for form, smallest in (('vit', 16), ('hybrid', 16), ('swin', 4)):
         model = FAN(arch=TINY[form]).eval()

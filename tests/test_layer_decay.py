@@ -10,6 +10,7 @@ from mmengine.config import Config
 from mmengine.optim import build_optim_wrapper
 from mmengine.registry import DefaultScope
 
+from mmvisatt.engine.entrypoints import resolve_amp
 from mmvisatt.engine.optimizers import LayerDecayOptimWrapperConstructor
 from mmvisatt.models.backbones.evt import EVT
 from mmvisatt.models.backbones.fan import FAN
@@ -156,8 +157,10 @@ TINY_RESWIN = 'arch=dict(_delete_=True, embed_dims=16, depths=(1, 1, 1, 1), num_
 
 
 def _build_in_scope(path: str):
-    """The model and optimizer wrapper of a config, built as mmengine's Runner builds them."""
+    """The model and optimizer wrapper of a config, built as mmengine's Runner builds them (after tools/train.py's
+    fp16 -> float32 fallback on a CPU)."""
     cfg = Config.fromfile(path)
+    resolve_amp(cfg)
     scope = cfg.default_scope
     registry = pytest.importorskip(f'{scope}.registry')
     with DefaultScope.overwrite_default_scope(scope):

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import mmvisatt.models  # noqa: F401  (registers EVT too)
 from mmvisatt.analysis.decay import decay_masks, decay_masks_main, effective_receptive_field, plot_decay_masks
 from mmvisatt.checkpoint import CheckpointMismatchError, convert_state_dict
 from mmvisatt.models.backbones.rmt import RMT, ManhattanSelfAttention, RasterRotary, select_release_weights
@@ -295,3 +296,29 @@ def test_receptive_field_and_tool_write_pngs(tmp_path):
     for name in ('decay_masks_stage2.png', 'erf_stage2.png'):
         assert (tmp_path / 'tool' / name).read_bytes()[:4] == b'\x89PNG'
     assert json.loads((tmp_path / 'tool' / 'decay_masks.json').read_text())['kind'] == 'full'
+
+
+@pytest.mark.parametrize('cls_name', ['RMT', 'EVT'])
+def test_norm_cfg_sets_the_stem_and_downsampling_norms(cls_name):
+    """``norm_cfg=SyncBN`` (the official dense code's norm, which the dense configs set) replaces every BatchNorm of
+    the stem and the downsampling convs, with the same state-dict keys (so release files load either way), and
+    the norms train: one step advances their statistics once."""
+    from mmengine.registry import MODELS
+    cls = MODELS.get(cls_name)
+    torch.manual_seed(0)
+    plain, synced = cls(arch=TINY), cls(arch=TINY, norm_cfg=dict(type='SyncBN'))
+    batch_norms = [m for m in plain.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+    synced_norms = [m for m in synced.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+    assert len(batch_norms) == len(synced_norms) == 4 + 3  # four stem convs, three downsamplings
+    assert all(type(m) is torch.nn.BatchNorm2d for m in batch_norms)
+    assert all(isinstance(m, torch.nn.SyncBatchNorm) for m in synced_norms)
+    assert plain.state_dict().keys() == synced.state_dict().keys()
+    synced.load_state_dict(plain.state_dict())
+    synced.train()
+    sum(o.mean() for o in synced(torch.randn(2, 3, 64, 64))).backward()  # one process: SyncBN acts as BN
+    assert all(m.num_batches_tracked.item() == 1 for m in synced_norms)
+    plain.eval(), synced.eval()
+    x = torch.randn(1, 3, 64, 64)
+    synced.load_state_dict(plain.state_dict())
+    with torch.no_grad():
+        assert all(torch.equal(a, b) for a, b in zip(plain(x), synced(x)))

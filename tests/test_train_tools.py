@@ -2,6 +2,7 @@
 import os.path as osp
 
 import pytest
+import torch
 from mmengine.config import Config
 from mmengine.registry import DefaultScope
 
@@ -126,7 +127,10 @@ def test_demo_transform_mask_rcnn(tmp_path, monkeypatch):
     assert osp.isfile(cfg.val_evaluator.ann_file)
     # same recipe, short iteration-based schedule
     assert cfg.optim_wrapper.optimizer.type == 'AdamW'
-    assert cfg.optim_wrapper.paramwise_cfg.custom_keys.alpha == dict(decay_mult=0.)
+    assert cfg.optim_wrapper.paramwise_cfg.custom_keys.norm == dict(decay_mult=0.)
+    # the residual mode the released ReSwin-T weights were trained with; the fp16 recipe in float32 on a CPU
+    assert cfg.model.backbone.residual_mode == 'official'
+    assert cfg.optim_wrapper.type == ('AmpOptimWrapper' if torch.cuda.is_available() else 'OptimWrapper')
     assert cfg.train_cfg.type == 'IterBasedTrainLoop' and cfg.train_cfg.max_iters <= 300
     warmup, steps = cfg.param_scheduler
     assert warmup.type == 'LinearLR' and warmup.end < cfg.train_cfg.max_iters
@@ -191,3 +195,18 @@ def test_demo_transform_segmentation():
         sample = dataset[0]
     labels = set(sample['data_samples'].gt_sem_seg.data.unique().tolist())
     assert len(dataset) == 50 and labels <= {0, 1, 2, 3}
+
+
+def test_demo_trains_the_fan_segformer_recipe(tmp_path, monkeypatch):
+    """The FAN Cityscapes recipe (SegFormer head on the stride-16 fourth level) runs on the demo data like every
+    segmentation config: two iterations, a validation, a checkpoint."""
+    from mmvisatt.engine import train_main
+    monkeypatch.chdir(tmp_path)
+    config = osp.join(CONFIGS, 'segformer_fan_hybrid_t_160k_cityscapes.py')
+    runner = train_main([config, '--demo', '--work-dir', str(tmp_path / 'run'), '--cfg-options',
+                         'train_cfg.max_iters=2', 'val_dataloader.dataset.indices=2',
+                         'visualizer.name=fan_segformer_demo'])
+    model = runner.model
+    assert type(model.decode_head).__name__ == 'SegformerHead' and model.decode_head.num_classes == 4
+    assert model.backbone.strides == (4, 8, 16, 16) and not hasattr(model.backbone, 'downsample')
+    assert osp.isfile(tmp_path / 'run' / 'iter_2.pth')

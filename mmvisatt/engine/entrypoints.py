@@ -103,13 +103,33 @@ def load_config(args: argparse.Namespace, train: bool) -> Config:
     return cfg
 
 
+def resolve_amp(cfg: Config) -> None:
+    """Make the config's mixed precision runnable here.
+
+    An fp16 recipe (``AmpOptimWrapper``, as the official runs) trains in float32 where there is no accelerator,
+    with one log line: mmengine's AmpOptimWrapper refuses to start on a CPU. A config turned to ``OptimWrapper``
+    (``--cfg-options optim_wrapper.type=OptimWrapper``, AMP off) drops the AMP-only ``loss_scale`` it inherited.
+    """
+    wrapper = cfg.get('optim_wrapper') or {}
+    if wrapper.get('type') == 'AmpOptimWrapper' and get_device() == 'cpu':
+        scale = wrapper.get('loss_scale', 'dynamic')
+        wrapper.type = 'OptimWrapper'
+        print_log(f'No GPU: training in float32 (the config\'s recipe uses fp16 AMP with loss scale {scale}, which '
+                  'mmengine\'s AmpOptimWrapper runs on CUDA only)', logger='current')
+    if wrapper.get('type') == 'OptimWrapper':
+        for key in ('loss_scale', 'dtype'):
+            wrapper.pop(key, None)
+
+
 def apply_train_args(cfg: Config, args: argparse.Namespace) -> Config:
-    """``--amp``, ``--auto-scale-lr`` and ``--resume``, with mmdet's semantics."""
+    """``--amp``, ``--auto-scale-lr`` and ``--resume``, with mmdet's semantics; an fp16 recipe falls back to float32
+    on a CPU (:func:`resolve_amp`)."""
     if args.amp:
         if get_device() == 'cpu':
             raise RuntimeError('--amp needs a GPU (mmengine\'s AmpOptimWrapper does not run on CPU)')
         cfg.optim_wrapper.type = 'AmpOptimWrapper'
         cfg.optim_wrapper.setdefault('loss_scale', 'dynamic')
+    resolve_amp(cfg)
     if args.auto_scale_lr:
         scale_cfg = cfg.get('auto_scale_lr') or {}
         if 'enable' not in scale_cfg or 'base_batch_size' not in scale_cfg:
@@ -267,6 +287,6 @@ def run_tool(main: Callable[[Optional[Sequence[str]]], Any], argv: Optional[Sequ
         sys.exit(f'error: {error}')
 
 
-__all__: List[str] = ['run_tool', 'parse_train_args', 'parse_test_args', 'load_config', 'apply_train_args',
-                      'import_task_library', 'setup_distributed', 'prepare_train', 'check_model_files', 'train_main',
-                      'prepare_test', 'test_main']
+__all__: List[str] = ['run_tool', 'parse_train_args', 'parse_test_args', 'load_config', 'resolve_amp',
+                      'apply_train_args', 'import_task_library', 'setup_distributed', 'prepare_train',
+                      'check_model_files', 'train_main', 'prepare_test', 'test_main']

@@ -1,15 +1,18 @@
-"""Write the task configs (every backbone preset x every recipe) from mmvisatt/task_configs.py.
+"""Write the task configs (every backbone preset x every recipe) and docs/recipes.md from mmvisatt/recipes.py and
+mmvisatt/task_configs.py.
 
-    python tools/misc/generate_configs.py            # write missing or outdated configs
-    python tools/misc/generate_configs.py --check    # exit 1 if a config differs from its template
+    python tools/misc/generate_configs.py            # write missing or outdated configs and the recipe page
+    python tools/misc/generate_configs.py --check    # exit 1 if a config or the page differs from its template
 """
 import argparse
 import os.path as osp
 import sys
 
-from mmvisatt.task_configs import expected_configs, write_configs
+from mmvisatt.task_configs import expected_configs, recipes_page, write_configs
 
-CONFIGS = osp.join(osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))), 'configs')
+ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+CONFIGS = osp.join(ROOT, 'configs')
+RECIPES_PAGE = osp.join(ROOT, 'docs', 'recipes.md')
 
 
 def main(argv=None) -> int:
@@ -21,11 +24,19 @@ def main(argv=None) -> int:
         stale = [name for name, text in expected_configs(args.config_dir).items()
                  if not osp.isfile(osp.join(args.config_dir, name))
                  or open(osp.join(args.config_dir, name)).read() != text]
+        page = recipes_page(args.config_dir)
+        if not osp.isfile(RECIPES_PAGE) or open(RECIPES_PAGE).read() != page:
+            stale.append(RECIPES_PAGE)
         for name in stale:
             print(f'outdated or missing: {name}')
         return 1 if stale else 0
     for name in write_configs(args.config_dir):
         print(f'wrote {name}')
+    page = recipes_page(args.config_dir)
+    if not osp.isfile(RECIPES_PAGE) or open(RECIPES_PAGE).read() != page:
+        with open(RECIPES_PAGE, 'w') as f:
+            f.write(page)
+        print(f'wrote {RECIPES_PAGE}')
     return 0
 
 

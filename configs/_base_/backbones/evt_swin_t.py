@@ -1,6 +1,6 @@
 # EVT-Swin-T: Swin-T (C=96, depths 2-2-6-2, heads 3-6-12-24) with window / shifted-window attention replaced by
 # EuSAg / EuSAd groups of 49 tokens with Euclidean decay, no CPE or conv stem. See docs/evt.md.
-# What every task config of this backbone shares: the Swin-T recipes (over _swin.py).
+# What every task config of this backbone shares: the Swin-T recipes (mmvisatt/recipes.py; ImageNet over _swin.py).
 # No EVT weights were released: train them with configs/imagenet_evt_swin_t.py and save the result here.
 _base_ = ['./_swin.py']
 pretrained = 'checkpoints/evt_swin_t_imagenet.pth'
@@ -10,8 +10,5 @@ preset = dict(
     backbone=dict(type='EVT', arch='swin_t', init_cfg=dict(type='Pretrained', checkpoint=pretrained)),
     channels=[96, 192, 384, 768],
     no_decay=['norm'],
-    det=dict(drop_path_rate=0.2),
-    seg=dict(drop_path_rate=0.3),
-    fpn=dict(drop_path_rate=0.3),
     # ImageNet from scratch (no weights to start from)
     cls=dict(channels=768, drop_path_rate=0.2, backbone=dict(init_cfg=None)))

@@ -1,6 +1,7 @@
 # EVT-T: the RMT-T macro shape with Euclidean spatial decay and 1-D spatially independent token groups
 # (EuSAg / EuSAd, 49 tokens), full decayed attention in the last stage. See docs/evt.md.
-# What every task config of this backbone shares: EVT published no recipes, so RMT-T's (rmt_t.py) throughout.
+# What every task config of this backbone shares: EVT published no recipes, so RMT-T's
+# (rmt_t.py; dense recipes in mmvisatt/recipes.py) throughout.
 # No EVT weights were released: train them with configs/imagenet_evt_t.py and save the result here.
 _base_ = ['./rmt_t.py']
 pretrained = 'checkpoints/evt_t_imagenet.pth'
@@ -11,5 +12,4 @@ preset = dict(
     # ImageNet from scratch with RMT's recipe and a pool-then-linear head
     cls=dict(channels=512, backbone=dict(_delete_=True, init_cfg=None),
              neck=dict(_delete_=True, type='GlobalAveragePooling'),
-             recipe='RMT ImageNet recipe (AdamW 1e-3, wd 0.05, batch 1024)'),
-    reported=dict(_delete_=True))
+             recipe='RMT ImageNet recipe (AdamW 1e-3, wd 0.05, batch 1024)'))

@@ -1,5 +1,5 @@
 # FAN-B-Hybrid (ConvNeXt stem stages, 448 channels, 16 FAN blocks; the official detection layout).
-# What every task config of this backbone shares (over the FAN recipes of _fan.py).
+# What every task config of this backbone shares (over _fan.py; the dense recipes are in mmvisatt/recipes.py).
 _base_ = ['./_fan.py']
 # Official ImageNet weights: https://github.com/zhoudaquan/fully_attentional_network_ckpt/releases/download/v1.0.0/
 # fan_hybrid_base.pth.tar
@@ -13,5 +13,4 @@ preset = dict(
                   init_cfg=dict(type='Pretrained', checkpoint=pretrained)),
     channels=[128, 256, 448, 768],
     cls=dict(channels=448, drop_path_rate=0.35, warmup_epochs=10, optimizer=dict(lr=0.004),
-             recipe='official FAN-B-Hybrid ImageNet run (AdamW 0.004, wd 0.05, batch 1024)'),
-    reported=dict(cascade_mask_rcnn_3x='the FAN paper\'s COCO detector (Cascade Mask R-CNN 3x)'))
+             recipe='official FAN-B-Hybrid ImageNet run (AdamW 0.004, wd 0.05, batch 1024)'))

@@ -1,5 +1,5 @@
 # FAN-L-Hybrid (ConvNeXt stem stages, 480 channels, 22 FAN blocks; the official detection layout).
-# What every task config of this backbone shares (over the FAN recipes of _fan.py).
+# What every task config of this backbone shares (over _fan.py; the dense recipes are in mmvisatt/recipes.py).
 _base_ = ['./_fan.py']
 # Official ImageNet weights: https://github.com/zhoudaquan/fully_attentional_network_ckpt/releases/download/v1.0.0/
 # fan_hybrid_large_in22k_1k.pth.tar
@@ -15,5 +15,4 @@ preset = dict(
                   init_cfg=dict(type='Pretrained', checkpoint=pretrained)),
     channels=[128, 256, 480, 768],
     cls=dict(channels=480, drop_path_rate=0.45, warmup_epochs=10, optimizer=dict(lr=0.004),
-             recipe='official FAN-L-Hybrid ImageNet run (AdamW 0.004, wd 0.05, batch 1024)'),
-    reported=dict(cascade_mask_rcnn_3x='the FAN paper\'s COCO detector (Cascade Mask R-CNN 3x)'))
+             recipe='official FAN-L-Hybrid ImageNet run (AdamW 0.004, wd 0.05, batch 1024)'))

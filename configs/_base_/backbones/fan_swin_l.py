@@ -1,5 +1,5 @@
 # FAN-L-Swin (Swin stages of 192-384-768-1536 channels, depths 2-2-18-2, channel-attention MLPs).
-# What every task config of this backbone shares (over the FAN recipes of _fan.py).
+# What every task config of this backbone shares (over _fan.py; the dense recipes are in mmvisatt/recipes.py).
 _base_ = ['./_fan.py']
 # FAN-Swin weights were not released: train them with configs/imagenet_fan_swin_l.py and save the result here.
 pretrained = 'checkpoints/fan_swin_l_imagenet.pth'

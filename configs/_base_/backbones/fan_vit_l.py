@@ -1,5 +1,5 @@
 # FAN-L-ViT (480 channels, 24 FAN blocks, conv patch embedding p16; a simple feature pyramid for dense tasks).
-# What every task config of this backbone shares (over the FAN recipes of _fan.py).
+# What every task config of this backbone shares (over _fan.py; the dense recipes are in mmvisatt/recipes.py).
 _base_ = ['./_fan.py']
 # FAN-L-ViT weights were not released: train them with configs/imagenet_fan_vit_l.py and save the result here.
 pretrained = 'checkpoints/fan_vit_l_imagenet.pth'

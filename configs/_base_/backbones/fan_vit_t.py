@@ -1,5 +1,5 @@
 # FAN-T-ViT (192 channels, 12 FAN blocks, conv patch embedding p16; a simple feature pyramid for dense tasks).
-# What every task config of this backbone shares (over the FAN recipes of _fan.py).
+# What every task config of this backbone shares (over _fan.py; the dense recipes are in mmvisatt/recipes.py).
 _base_ = ['./_fan.py']
 # Official ImageNet weights: https://github.com/zhoudaquan/fully_attentional_network_ckpt/releases/download/v1.0.0/
 # fan_vit_tiny.pth.tar

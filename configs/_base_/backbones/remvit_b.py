@@ -9,5 +9,4 @@ preset = dict(
     name='ReMViTv2-B',
     backbone=dict(type='ReMViTv2', arch='b', residual_mode='aligned',
                   init_cfg=dict(type='Pretrained', checkpoint=pretrained)),
-    det=dict(drop_path_rate=0.4),
     cls=dict(drop_path_rate=0.3))

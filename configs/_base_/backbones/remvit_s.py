@@ -9,5 +9,4 @@ preset = dict(
     name='ReMViTv2-S',
     backbone=dict(type='ReMViTv2', arch='s', residual_mode='aligned',
                   init_cfg=dict(type='Pretrained', checkpoint=pretrained)),
-    det=dict(drop_path_rate=0.2),
     cls=dict(drop_path_rate=0.1))

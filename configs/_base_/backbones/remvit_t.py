@@ -12,6 +12,4 @@ preset = dict(
     name='ReMViTv2-T',
     backbone=dict(type='ReMViTv2', arch='t', residual_mode='aligned',
                   init_cfg=dict(type='Pretrained', checkpoint=pretrained)),
-    det=dict(drop_path_rate=0.2),
-    cls=dict(drop_path_rate=0.1),
-    reported=dict(mask_rcnn_3x='the ReViT paper\'s ReMViTv2-T detector (Mask R-CNN 3x, COCO)'))
+    cls=dict(drop_path_rate=0.1))

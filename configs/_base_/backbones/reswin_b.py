@@ -1,5 +1,5 @@
 # ReSwin-B: Swin-B (C=128, depths 2-2-18-2, heads 4-8-16-32, window 7) with residual attention (ReViT paper). The paper
-# trains only ReSwin-T; this preset follows the Swin-B recipes (over _swin.py).
+# trains only ReSwin-T; its dense configs borrow the Swin-T recipes (mmvisatt/recipes.py).
 # No ReSwin-B weights were released: initialise from the official Swin-B ImageNet-1k weights (alpha starts from
 # its default) saved here.
 _base_ = ['./_swin.py']
@@ -11,7 +11,4 @@ preset = dict(
     backbone=dict(type='ReSwinTransformer', arch='b', residual_mode='aligned',
                   init_cfg=dict(type='Pretrained', checkpoint=pretrained)),
     channels=[128, 256, 512, 1024],
-    det=dict(drop_path_rate=0.3),
-    seg=dict(drop_path_rate=0.3),
-    fpn=dict(drop_path_rate=0.3),
     cls=dict(channels=1024, drop_path_rate=0.5))

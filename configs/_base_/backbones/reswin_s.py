@@ -1,5 +1,5 @@
 # ReSwin-S: Swin-S (C=96, depths 2-2-18-2, heads 3-6-12-24, window 7) with residual attention (ReViT paper). The paper
-# trains only ReSwin-T; this preset follows the Swin-S recipes (over _swin.py).
+# trains only ReSwin-T; its dense configs borrow the Swin-T recipes (mmvisatt/recipes.py).
 # No ReSwin-S weights were released: initialise from the official Swin-S ImageNet-1k weights (alpha starts from
 # its default) saved here.
 _base_ = ['./_swin.py']
@@ -11,7 +11,4 @@ preset = dict(
     backbone=dict(type='ReSwinTransformer', arch='s', residual_mode='aligned',
                   init_cfg=dict(type='Pretrained', checkpoint=pretrained)),
     channels=[96, 192, 384, 768],
-    det=dict(drop_path_rate=0.3),
-    seg=dict(drop_path_rate=0.3),
-    fpn=dict(drop_path_rate=0.3),
     cls=dict(channels=768, drop_path_rate=0.3))

@@ -1,5 +1,5 @@
 # ReSwin-T: Swin-T (C=96, depths 2-2-6-2, heads 3-6-12-24, window 7) with residual attention (ReViT paper).
-# What every task config of this backbone shares (over the Swin recipes of _swin.py).
+# What every task config of this backbone shares (over _swin.py; the dense recipes are in mmvisatt/recipes.py).
 # Official ImageNet weights: Google Drive only, follow the ReSwin-T link in the README of
 # https://github.com/ADiko1997/ReViT and save the file here. The official Swin-T weights also work as an init
 # (alpha then starts from its default).
@@ -13,12 +13,8 @@ preset = dict(
     backbone=dict(type='ReSwinTransformer', arch='t', residual_mode='aligned',
                   init_cfg=dict(type='Pretrained', checkpoint=pretrained)),
     channels=[96, 192, 384, 768],
-    det=dict(drop_path_rate=0.2),
-    seg=dict(drop_path_rate=0.3),
-    fpn=dict(drop_path_rate=0.3),
     # ImageNet: the official ReSwin-T run (base lr 2.5e-4 per 512 images at batch 1024, drop path 0.1, no grad
     # clip, 0.91 centre crop at test); the official head pools the normalised last stage
     cls=dict(_delete_=True, out_index=3, channels=768, drop_path_rate=0.1, batch_size=1024, warmup_epochs=20,
              test_resize=246, clip_grad=None, recipe='official ReSwin-T ImageNet run (AdamW 5e-4, wd 0.05, batch 1024)',
-             optimizer=dict(type='AdamW', lr=5e-4, betas=(0.9, 0.999), weight_decay=0.05, eps=1e-8)),
-    reported=dict(cascade_mask_rcnn_3x='the ReViT paper\'s ReSwin-T detector (Cascade Mask R-CNN 3x, COCO)'))
+             optimizer=dict(type='AdamW', lr=5e-4, betas=(0.9, 0.999), weight_decay=0.05, eps=1e-8)))

@@ -13,20 +13,8 @@ preset = dict(
     channels=[192, 384, 768, 768],
     # parameters (by name substring) trained without weight decay: norms, the position embedding, the gate
     no_decay=['norm', 'pos_embed', 'alpha'],
-    # COCO: the ViTDet ViT-B recipe (AdamW 1e-4, wd 0.1, drop path 0.1 at batch 64) without its layer-wise lr
-    # decay. 8 GPUs x 8 images; --auto-scale-lr rescales the lr for another batch. Global attention keeps every
-    # score map at detection sizes: expect the memory of ViTDet's global blocks in all 12.
-    det=dict(drop_path_rate=0.1, batch_size=64, recipe='ViTDet ViT-B recipe (AdamW 1e-4, wd 0.1, batch 64)',
-             optimizer=dict(type='AdamW', lr=1e-4, betas=(0.9, 0.999), weight_decay=0.1)),
-    # ADE20K UperNet: the mmseg ViT-B (MAE/BEiT) UperNet recipe without layer decay, 8 GPUs x 2
-    seg=dict(drop_path_rate=0.1, recipe='mmseg ViT-B UperNet recipe (AdamW 1e-4, wd 0.05, batch 16)',
-             optimizer=dict(type='AdamW', lr=1e-4, betas=(0.9, 0.999), weight_decay=0.05)),
-    # ADE20K Semantic FPN: the PVT/Twins recipe, 8 GPUs x 2
-    fpn=dict(drop_path_rate=0.1, recipe='PVT/Twins Semantic FPN recipe (AdamW 1e-4, wd 1e-4, batch 16)',
-             optimizer=dict(type='AdamW', lr=1e-4, weight_decay=1e-4)),
     # ImageNet: the official ReViT-B run (torch Adam with L2 weight decay 0.3, lr 1e-3 at batch 8192, 30 warmup
     # epochs, drop path 0.2); the official head pools the normalised stride-16 map (output index 2)
     cls=dict(out_index=2, channels=768, drop_path_rate=0.2, batch_size=8192, warmup_epochs=30, test_resize=256,
              clip_grad=None, recipe='official ReViT-B ImageNet run (Adam 1e-3, wd 0.3, batch 8192)',
-             optimizer=dict(type='Adam', lr=1e-3, betas=(0.9, 0.999), weight_decay=0.3)),
-    reported=dict())
+             optimizer=dict(type='Adam', lr=1e-3, betas=(0.9, 0.999), weight_decay=0.3)))

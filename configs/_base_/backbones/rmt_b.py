@@ -1,5 +1,5 @@
 # RMT-B (official RMT_M2: C 80-160-320-512, depths 4-8-25-8): Manhattan spatial-decay self-attention.
-# What every task config of this backbone shares (over the official RMT recipes of _rmt.py).
+# What every task config of this backbone shares (over _rmt.py; the dense recipes are in mmvisatt/recipes.py).
 # Official ImageNet weights: Baidu Pan links in the README of https://github.com/qhfan/RMT (plain, EMA or
 # token-labelling files all load; the EMA weights are used when present); save the file here.
 _base_ = ['./_rmt.py']
@@ -10,9 +10,4 @@ preset = dict(
     backbone=dict(type='RMT', arch='b', init_cfg=dict(type='Pretrained', checkpoint=pretrained)),
     channels=[80, 160, 320, 512],
     drop_path_rate=0.4,
-    # the official B configs halve the lr of the 3x recipes
-    mask_rcnn_3x=dict(recipe='official RMT Mask R-CNN 3x (AdamW 2e-4, wd 0.05, batch 16)',
-                      optimizer=dict(lr=2e-4)),
-    cascade_mask_rcnn_3x=dict(recipe='official RMT Cascade Mask R-CNN 3x (AdamW 2e-4, wd 0.05, batch 16)',
-                              optimizer=dict(lr=2e-4)),
     cls=dict(neck=dict(in_channels=512)))

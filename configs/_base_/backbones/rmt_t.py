@@ -1,5 +1,5 @@
 # RMT-T (official RMT_T3: C 64-128-256-512, depths 2-2-8-2): Manhattan spatial-decay self-attention.
-# What every task config of this backbone shares (over the official RMT recipes of _rmt.py).
+# What every task config of this backbone shares (over _rmt.py; the dense recipes are in mmvisatt/recipes.py).
 # Official ImageNet weights: Baidu Pan links in the README of https://github.com/qhfan/RMT (plain, EMA or
 # token-labelling files all load; the EMA weights are used when present); save the file here.
 _base_ = ['./_rmt.py']

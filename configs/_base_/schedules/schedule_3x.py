@@ -1,4 +1,5 @@
-# 36 epochs, lr x0.1 after epochs 27 and 33, 1000-iteration linear warmup (the Swin/ConvNeXt 3x recipe).
+# 36 epochs, lr x0.1 after epochs 27 and 33, 500-iteration linear warmup (the official 3x recipes of RMT, FAN,
+# PVTv2 and Swin).
 # The optimizer belongs to the task config: transformer recipes each set their own.
 max_epochs = 36
 train_cfg = dict(type='EpochBasedTrainLoop', max_epochs=max_epochs, val_interval=1)
@@ -6,7 +7,7 @@ val_cfg = dict(type='ValLoop')
 test_cfg = dict(type='TestLoop')
 
 param_scheduler = [
-    dict(type='LinearLR', start_factor=0.001, by_epoch=False, begin=0, end=1000),
+    dict(type='LinearLR', start_factor=0.001, by_epoch=False, begin=0, end=500),
     dict(type='MultiStepLR', begin=0, end=max_epochs, by_epoch=True, milestones=[27, 33], gamma=0.1)
 ]
 

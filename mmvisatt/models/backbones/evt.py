@@ -127,7 +127,7 @@ class EVTStage(nn.Module):
     def __init__(self, dim: int, out_dim: Optional[int], depth: int, num_heads: int, mlp_ratio: float,
                  init_value: float, heads_range: float, full: bool, group_size: int, drop_path: Sequence[float],
                  layer_scale: Optional[float] = None, style: str = 'rmt', with_cp: bool = False,
-                 fused: bool = True):
+                 fused: bool = True, norm_cfg: Optional[dict] = None):
         super().__init__()
         self.with_cp = with_cp
         self.group_size = group_size
@@ -145,7 +145,8 @@ class EVTStage(nn.Module):
         if not out_dim:
             self.downsample = None
         else:
-            self.downsample = ConvDownsample(dim, out_dim, fast=fused) if style == 'rmt' else PatchMerging(dim, out_dim)
+            self.downsample = (ConvDownsample(dim, out_dim, fast=fused, norm_cfg=norm_cfg) if style == 'rmt' else
+                               PatchMerging(dim, out_dim))
 
     def context(self, height: int, width: int, dtype: torch.dtype) -> Dict[str, tuple]:
         """Per mode, what its blocks take besides x: the bias (and the grouping). The biases are as large as the
@@ -196,7 +197,8 @@ class EVT(DecayBackbone):
         group_size: tokens per EuSAg / EuSAd group (49 = a 7x7 window's worth).
         drop_path_rate: None takes the preset's value (RMT's 0.1 / 0.15 / 0.4 / 0.5; 0.2 for Swin-T).
         layer_init_values, fused_attention, out_norms, in_channels, out_indices, frozen_stages, norm_eval,
-        with_cp, init_cfg: as :class:`~mmvisatt.models.backbones.rmt.RMT`.
+        with_cp, norm_cfg, init_cfg: as :class:`~mmvisatt.models.backbones.rmt.RMT` (``norm_cfg`` is unused by
+            the Swin style, which has no BatchNorm).
     """
     _rmt_shapes = {
         't': dict(embed_dims=(64, 128, 256, 512), depths=(2, 2, 8, 2), num_heads=(4, 4, 8, 16),
@@ -225,7 +227,7 @@ class EVT(DecayBackbone):
                  drop_path_rate: Optional[float] = None, layer_init_values: float = 1e-6,
                  fused_attention: bool = True, out_norms: bool = True, out_indices: Optional[Sequence[int]] = None,
                  frozen_stages: int = -1, norm_eval: bool = False, with_cp: bool = False,
-                 init_cfg: Optional[dict] = None):
+                 norm_cfg: Optional[dict] = None, init_cfg: Optional[dict] = None):
         super().__init__(init_cfg=init_cfg)
         arch = self._resolve_arch(arch)
         if group_size < 1:
@@ -244,8 +246,8 @@ class EVT(DecayBackbone):
         self.style = style
         rate = arch['drop_path_rate'] if drop_path_rate is None else drop_path_rate
         rates = torch.linspace(0, rate, sum(depths)).tolist()
-        self.patch_embed = (ConvStem(in_channels, dims[0], fast=fused_attention) if style == 'rmt' else
-                            PatchEmbed(in_channels, dims[0], 4))
+        self.patch_embed = (ConvStem(in_channels, dims[0], fast=fused_attention, norm_cfg=norm_cfg)
+                            if style == 'rmt' else PatchEmbed(in_channels, dims[0], 4))
         self.stages = nn.ModuleList()
         for i in range(n):
             start = sum(depths[:i])
@@ -253,7 +255,8 @@ class EVT(DecayBackbone):
                 dims[i], dims[i + 1] if i < n - 1 else None, depths[i], heads[i], per_stage['mlp_ratios'][i],
                 per_stage['init_values'][i], per_stage['heads_ranges'][i], per_stage['full_attention'][i],
                 group_size, rates[start:start + depths[i]],
-                layer_init_values if per_stage['layer_scales'][i] else None, style, with_cp, fused_attention))
+                layer_init_values if per_stage['layer_scales'][i] else None, style, with_cp, fused_attention,
+                norm_cfg))
         self._add_output_norms()
         self._freeze_stages()
 

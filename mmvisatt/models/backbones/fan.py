@@ -483,6 +483,9 @@ class FAN(AttentionBackbone):
             ``[stem_dims[0], stem_dims[1], C, down_channels]`` (the official detection layout: ConvNeXt maps,
             FAN block ``out_block``, a new 3x3 stride-2 conv on the tokens after the class-attention head),
             swin ``[C, 2C, 4C, 8C]``.
+        feat_downsample: hybrid only. True (default): level 3 is the detection layout's stride-32 conv.
+            False: the official segmentation layout (``feat_downsample=False`` there), level 3 is the patch
+            tokens after the class-attention head themselves, at stride 16 with C channels.
         out_norms: pass every output through its own LayerNorm (``norm{i}``; Swin's ``norm3`` is the official
             final norm). The official detection backbone has none; turn off to reproduce it.
         out_type: ``'featmap'`` (default): the dense levels above. ``'cls_token'`` (vit, hybrid) or
@@ -539,11 +542,16 @@ class FAN(AttentionBackbone):
                  cls_tokens_norm: bool = True, classifier: bool = False, out_indices: Sequence[int] = (0, 1, 2, 3),
                  out_norms: bool = True, out_type: str = 'featmap', unbiased_stem_norms: bool = True,
                  pos_exponent: str = 'paired', window_size: int = 7, patch_size: int = 4, fused_attn: bool = True,
-                 norm_cfg: Optional[dict] = None, frozen_stages: int = -1, norm_eval: bool = False,
-                 with_cp: bool = False, init_cfg: Optional[dict] = None):
+                 feat_downsample: bool = True, norm_cfg: Optional[dict] = None, frozen_stages: int = -1,
+                 norm_eval: bool = False, with_cp: bool = False, init_cfg: Optional[dict] = None):
         super().__init__(init_cfg=init_cfg)
         arch = self._resolve_form(arch, form)
         self.form = arch['form']
+        if not feat_downsample and self.form != 'hybrid':
+            raise ValueError(f'feat_downsample=False (the stride-16 fourth level of the official segmentation '
+                             f'code) exists for the hybrid form only, not {self.form}')
+        self.feat_downsample = feat_downsample
+        self.strides = (4, 8, 16, 32 if feat_downsample else 16)
         self.arch = arch
         self.in_channels = in_channels
         if out_type not in OUT_TYPES[self.form]:
@@ -598,8 +606,8 @@ class FAN(AttentionBackbone):
                 self.num_features = [int(dim * w) for w in PYRAMID_WIDTHS]
                 self.new_keys = tuple(f'norm{i}.*' for i in range(4)) + ('pyramid.*', )
             else:
-                down = arch.get('down_channels', 768)
-                if 3 in self.out_indices:
+                down = arch.get('down_channels', 768) if feat_downsample else dim
+                if 3 in self.out_indices and feat_downsample:
                     self.downsample = nn.Conv2d(dim, down, 3, 2, 1)
                 self.num_features = [*arch['stem_dims'][:2], dim, down]
                 self.new_keys = tuple(f'norm{i}.*' for i in range(4)) + ('downsample.*', )
@@ -689,15 +697,16 @@ class FAN(AttentionBackbone):
 
     def _output(self, i: int, x: Tensor, height: int, width: int) -> Tensor:
         """Crop an NCHW level to ceil(H / stride) x ceil(W / stride) and apply its output norm."""
-        stride = 2 ** (i + 2)
+        stride = self.strides[i]
         x = x[..., :math.ceil(height / stride), :math.ceil(width / stride)]
         if self.out_norms:
             x = getattr(self, f'norm{i}')(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
         return x.contiguous()
 
     def forward(self, x: Tensor) -> Tuple[Tensor, ...]:
-        """(B, C_in, H, W) -> tuple of (B, num_features[i], ceil(H / s_i), ceil(W / s_i)), s = 4/8/16/32; with a
-        classifier ``out_type``, a 1-tuple of the (B, C) features of the official head."""
+        """(B, C_in, H, W) -> tuple of (B, num_features[i], ceil(H / s_i), ceil(W / s_i)), s = ``strides``
+        (4/8/16/32; 4/8/16/16 with ``feat_downsample=False``); with a classifier ``out_type``, a 1-tuple of the
+        (B, C) features of the official head."""
         if self.out_type != 'featmap':
             return (self.forward_classifier(x), )
         return self._forward_dense(x)
@@ -720,8 +729,8 @@ class FAN(AttentionBackbone):
         else:
             levels = {0: maps[0], 1: maps[1], 2: tokens_to_map(picked, size)}
             if 3 in self.out_indices:
-                patches = self._class_attention(tokens)[:, 1:]
-                levels[3] = self.downsample(tokens_to_map(patches, size))
+                patches = tokens_to_map(self._class_attention(tokens)[:, 1:], size)
+                levels[3] = self.downsample(patches) if self.feat_downsample else patches
         return tuple(self._output(i, levels[i], H, W) for i in self.out_indices)
 
     def forward_classifier(self, x: Tensor) -> Tensor:

@@ -15,6 +15,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import torch.utils.checkpoint as cp
+from mmcv.cnn import build_norm_layer
 from mmengine.logging import print_log
 from mmengine.registry import MODELS
 from timm.layers import DropPath
@@ -206,18 +207,19 @@ def conv_norm(conv: nn.Conv2d, norm: nn.BatchNorm2d, x: Tensor, fold: bool) -> T
 
 
 class ConvStem(nn.Module):
-    """Four 3x3 convs (stride 2, 1, 2, 1; widths C/2, C/2, C, C), each with BatchNorm, GELU after the first
-    three: (B, C_in, H, W) -> (B, ceil(H/4), ceil(W/4), C). ``fast``: the fast path's forms, channels-last maps,
-    each norm folded into its conv (:func:`conv_norm`) and GELU in place when no backward needs its input."""
+    """Four 3x3 convs (stride 2, 1, 2, 1; widths C/2, C/2, C, C), each with a BatchNorm (``norm_cfg``, default
+    ``BN``; the official dense code uses SyncBN), GELU after the first three: (B, C_in, H, W) ->
+    (B, ceil(H/4), ceil(W/4), C). ``fast``: the fast path's forms, channels-last maps, each norm folded into its
+    conv (:func:`conv_norm`) and GELU in place when no backward needs its input."""
 
-    def __init__(self, in_channels: int, dim: int, fast: bool = False):
+    def __init__(self, in_channels: int, dim: int, fast: bool = False, norm_cfg: Optional[dict] = None):
         super().__init__()
         self.fast = fast
         half = dim // 2
         layers = []
         for i, (cin, cout, stride) in enumerate([(in_channels, half, 2), (half, half, 1), (half, dim, 2),
                                                  (dim, dim, 1)]):
-            layers += [nn.Conv2d(cin, cout, 3, stride, 1), nn.BatchNorm2d(cout)]
+            layers += [nn.Conv2d(cin, cout, 3, stride, 1), build_norm_layer(norm_cfg or dict(type='BN'), cout)[1]]
             if i < 3:
                 layers.append(nn.GELU())
         self.proj = nn.Sequential(*layers)
@@ -240,14 +242,14 @@ class ConvStem(nn.Module):
 
 
 class ConvDownsample(nn.Module):
-    """3x3 stride-2 conv + BatchNorm: (B, H, W, C) -> (B, ceil(H/2), ceil(W/2), C_out); ``fast`` folds the norm
-    into the conv (:func:`conv_norm`)."""
+    """3x3 stride-2 conv + BatchNorm (``norm_cfg``, default ``BN``): (B, H, W, C) -> (B, ceil(H/2), ceil(W/2),
+    C_out); ``fast`` folds the norm into the conv (:func:`conv_norm`)."""
 
-    def __init__(self, dim: int, out_dim: int, fast: bool = False):
+    def __init__(self, dim: int, out_dim: int, fast: bool = False, norm_cfg: Optional[dict] = None):
         super().__init__()
         self.fast = fast
         self.reduction = nn.Conv2d(dim, out_dim, 3, 2, 1)
-        self.norm = nn.BatchNorm2d(out_dim)
+        self.norm = build_norm_layer(norm_cfg or dict(type='BN'), out_dim)[1]
 
     def forward(self, x: Tensor) -> Tensor:
         # contiguous channels-last tokens for the next stage, as ConvStem
@@ -262,7 +264,8 @@ class RMTStage(nn.Module):
 
     def __init__(self, dim: int, out_dim: Optional[int], depth: int, num_heads: int, mlp_ratio: float,
                  init_value: float, heads_range: float, decomposed: bool, drop_path: Sequence[float],
-                 layer_scale: Optional[float] = None, with_cp: bool = False, fused: bool = True):
+                 layer_scale: Optional[float] = None, with_cp: bool = False, fused: bool = True,
+                 norm_cfg: Optional[dict] = None):
         super().__init__()
         self.with_cp = with_cp
         self.decomposed = decomposed
@@ -272,7 +275,7 @@ class RMTStage(nn.Module):
             RetentiveBlock(dim, ManhattanSelfAttention(dim, num_heads, decomposed, fused), mlp_ratio,
                            drop_path[i], layer_scale, fold=fused) for i in range(depth)
         ])
-        self.downsample = ConvDownsample(dim, out_dim, fast=fused) if out_dim else None
+        self.downsample = ConvDownsample(dim, out_dim, fast=fused, norm_cfg=norm_cfg) if out_dim else None
 
     def context(self, height: int, width: int, dtype: torch.dtype) -> tuple:
         sin, cos = self.rotary(height, width, dtype)
@@ -397,6 +400,8 @@ class RMT(DecayBackbone):
         out_norms: a LayerNorm per output (dense tasks, as the official ``extra_norms``); False returns the raw
             stage outputs, which the official classifier reads (with :class:`RMTProjectionNeck`).
         out_indices: outputs to return (default: all stages, i.e. (0, 1, 2, 3)).
+        norm_cfg: the BatchNorm of the conv stem and the downsampling convs (default ``BN``; the official
+            detection / segmentation code uses ``SyncBN``, in training mode, which the dense configs set).
         frozen_stages, norm_eval, with_cp, init_cfg: as every mmvisatt backbone. A ``Pretrained``
             init_cfg may name ``checkpoint_key`` (e.g. ``'model'``) to pick an entry of a release file;
             by default ``model_ema`` is used when present (the weights RMT-S/B/L report; RMT-T reports
@@ -425,7 +430,7 @@ class RMT(DecayBackbone):
     def __init__(self, arch: Union[str, dict] = 't', in_channels: int = 3, drop_path_rate: Optional[float] = None,
                  layer_init_values: float = 1e-6, fused_attention: bool = True, out_norms: bool = True,
                  out_indices: Optional[Sequence[int]] = None, frozen_stages: int = -1, norm_eval: bool = False,
-                 with_cp: bool = False, init_cfg: Optional[dict] = None):
+                 with_cp: bool = False, norm_cfg: Optional[dict] = None, init_cfg: Optional[dict] = None):
         super().__init__(init_cfg=init_cfg)
         if isinstance(arch, str) and self._resolve_arch(arch) == self._resolve_arch('t'):
             # issue #25: RMT-T's reported accuracy is of the non-EMA weights
@@ -440,7 +445,7 @@ class RMT(DecayBackbone):
         self._setup(in_channels, dims, out_indices, frozen_stages, norm_eval, out_norms)
         rate = arch['drop_path_rate'] if drop_path_rate is None else drop_path_rate
         rates = torch.linspace(0, rate, sum(depths)).tolist()
-        self.patch_embed = ConvStem(in_channels, dims[0], fast=fused_attention)
+        self.patch_embed = ConvStem(in_channels, dims[0], fast=fused_attention, norm_cfg=norm_cfg)
         self.stages = nn.ModuleList()
         for i in range(n):
             start = sum(depths[:i])
@@ -448,7 +453,7 @@ class RMT(DecayBackbone):
                 dims[i], dims[i + 1] if i < n - 1 else None, depths[i], heads[i], per_stage['mlp_ratios'][i],
                 per_stage['init_values'][i], per_stage['heads_ranges'][i], per_stage['decomposed'][i],
                 rates[start:start + depths[i]], layer_init_values if per_stage['layer_scales'][i] else None,
-                with_cp, fused_attention))
+                with_cp, fused_attention, norm_cfg))
         self._add_output_norms()
         self._freeze_stages()
 
