@@ -355,19 +355,20 @@ SWIN_UPERNET = TrainRecipe(
     'Swin-T UperNet 160k', f'{MMSEG_SWIN}:configs/swin/swin-tiny-patch4-window7-in1k-pre_upernet_8xb2-160k_ade20k-'
     '512x512.py', True, _adamw(6e-5, 0.01), drop_path_rate=0.3, no_decay=SWIN_KEYS, warmup_iters=1500,
     warmup_ratio=1e-6,
-    lines=dict(optimizer='optim_wrapper (AdamW 6e-5, betas (0.9, 0.999), wd 0.01)',
-               paramwise='custom_keys absolute_pos_embed, relative_position_bias_table, norm: decay_mult 0',
-               schedule='LinearLR 1500 iterations at 1e-6, then PolyLR power 1.0 to 0 over 160k',
-               batch='8xb2 (config name)', amp='none', drop_path='backbone drop_path_rate=0.3'))
+    lines=dict(optimizer=':24-28 AdamW 6e-5, betas (0.9, 0.999), wd 0.01',
+               paramwise=':29-34 absolute_pos_embed, relative_position_bias_table, norm: decay_mult 0',
+               warmup=':37-38 LinearLR 1500 iterations at 1e-6', schedule=':39-46 PolyLR power 1.0 to 0 over 160k',
+               batch=':49-50 8 GPUs x 2 images', amp='none (OptimWrapper, :26)', drop_path=':17'))
 
 PVT_FPN = TrainRecipe(
     'PVT Semantic FPN', f'{PVT}:segmentation/configs/sem_fpn/PVT/fpn_pvt_s_ade20k_40k.py', True,
     _adamw(1e-4, 1e-4, betas=False), drop_path_rate=0.1, warmup_iters=0,
-    lines=dict(optimizer=':18-27 AdamW 0.0001*gpu_multiples (x2 at 4 images per GPU), wd 1e-4',
-               schedule='poly power 0.9, min_lr 0, 40k iterations at 32 images', batch='4 per GPU x 8 GPUs',
-               amp='none'),
-    deviations=('80k iterations at 16 images and lr 1e-4 instead of 40k at 32 and 2e-4: the same images seen and a '
-                'linearly scaled lr, as PVT\'s own config comment describes', ))
+    lines=dict(optimizer=':18-20 AdamW 0.0001*gpu_multiples = 2e-4, wd 1e-4, no paramwise_cfg',
+               schedule=':23-25 poly power 0.9, min_lr 0, 80000//gpu_multiples = 40k iterations',
+               batch='_base_/datasets/ade20k.py:35 samples_per_gpu=4 x 8 GPUs (:18)', amp='none'),
+    deviations=('80k iterations at 16 images and lr 1e-4 instead of 40k at 32 and 2e-4: the same images seen, the lr '
+                'scaled linearly with the batch, the conversion the file\'s own comment makes from mmseg\'s '
+                '4-GPU schedule (:18)', ))
 
 
 def swin_recipes(token: str, name: str, drop_path: Mapping[str, float], backbone: Mapping[str, object],

@@ -300,7 +300,7 @@ def recipes_page(config_dir: str) -> str:
         lines += [f'## {family}', '',
                   '| config | recipe | optimizer | wd | no weight decay | drop path | warmup | batch | AMP | '
                   'backbone |', '|' + ' --- |' * 10]
-        sources: Dict[str, TrainRecipe] = {}
+        sources: Dict[Tuple[str, str], TrainRecipe] = {}
         for token in tokens:
             if not token.startswith(prefix):
                 continue
@@ -311,13 +311,13 @@ def recipes_page(config_dir: str) -> str:
                 kind = 'official' if values.official else 'borrowed'
                 lines.append(f'| `{recipe.name.format(bb=token)}` | {kind}: {values.label} | '
                              + ' | '.join(_cell(values)) + ' |')
-                sources.setdefault(values.label, values)
+                sources.setdefault((values.label, values.why), values)
         lines += ['', f'Sources ({family}):', '']
-        for label, values in sorted(sources.items()):
-            lines.append(f'- **{label}**: `{values.source}`')
+        for (label, _), values in sorted(sources.items()):
+            lines.append(f"- **{label}**{'' if values.official else ' (borrowed)'}: `{values.source}`")
             lines += [f'  - {field_}: {where}' for field_, where in values.lines.items()]
             if values.why:
-                lines.append(f'  - borrowed because: {values.why}')
+                lines.append(f'  - why this recipe: {values.why}')
             lines += [f'  - deviation: {d}' for d in values.deviations]
             if values.reported:
                 lines.append(f'  - reported: {values.reported}')

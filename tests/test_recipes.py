@@ -72,6 +72,7 @@ def _official():
         row(f'mask_rcnn_shunted_{size}_3x', 1e-4, 0.05, SWIN_KEYS, 0.1)
         row(f'cascade_mask_rcnn_shunted_{size}_3x', 1e-4, 0.05, SWIN_KEYS, 0.1, amp='dynamic')
         row(f'retinanet_shunted_{size}_1x', 1e-4, 1e-4, (), 0.1, betas=False)
+        # PVT's Semantic FPN, 40k x 32 images at 2e-4, as its 80k x 16 at 1e-4 equivalent (docs/recipes.md)
         row(f'fpn_shunted_{size}_80k_ade20k', 1e-4, 1e-4, (), 0.1, warmup=None, betas=False)
     return rows
 

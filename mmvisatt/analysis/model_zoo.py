@@ -362,7 +362,8 @@ NOT_REPORTED = 'not reported'
 # what the recipe's paper rows report, in table order
 RECIPE_METRICS = {'mask_rcnn_1x': ('box AP', 'mask AP'), 'mask_rcnn_3x': ('box AP', 'mask AP'),
                   'cascade_mask_rcnn_3x': ('box AP', 'mask AP'), 'retinanet_1x': ('AP', ),
-                  'upernet_160k_ade20k': ('mIoU', ), 'fpn_80k_ade20k': ('mIoU', ), 'imagenet': ('top-1', )}
+                  'upernet_160k_ade20k': ('mIoU', ), 'fpn_80k_ade20k': ('mIoU', ),
+                  'segformer_160k_cityscapes': ('mIoU', ), 'imagenet': ('top-1', )}
 
 
 def _millions(n: Optional[float]) -> str:
