@@ -131,13 +131,15 @@ def _rmt_det(size: str, recipe: str) -> Optional[TrainRecipe]:
     dp = _RMT_DP[size]
     common = dict(drop_path_rate=dp, backbone=_RMT_BACKBONE, checkpoint_key='model')
     if recipe == 'mask_rcnn_1x':
-        opt_line = ':23' if size in 'ts' else ':24'
+        off = 0 if size in 'ts' else 1
         return TrainRecipe(
             f'RMT-{size.upper()} Mask R-CNN 1x', f'{RMT}:detect/configs/RMT/maskrcnn_{f}_1x.py', True,
             _adamw(2e-4 if size == 'l' else 4e-4, 0.05), no_decay=SWIN_KEYS, amp='dynamic', **common,
-            lines=dict(optimizer=opt_line, paramwise=opt_line, drop_path=':15', schedule=':27-28 (step [8, 11])',
-                       warmup='_base_/schedules/schedule_1x.py:5-10', batch=':52 (samples_per_gpu=2; 8 GPUs)',
-                       amp=':41 fp16=dict() over _base_/default_runtime.py:17 loss_scale=dynamic',
+            lines=dict(optimizer=f':{23 + off}', paramwise=f':{24 + off}-{26 + off}', drop_path=':15',
+                       schedule=f':{27 + off} step [8, 11]; 12 epochs (_base_/schedules/schedule_1x.py:11)',
+                       warmup='_base_/schedules/schedule_1x.py:5-10',
+                       batch=f':{52 + off} (samples_per_gpu=2; 8 GPUs)',
+                       amp=f':{41 + off} fp16=dict() over _base_/default_runtime.py:17 loss_scale=dynamic',
                        backbone=_RMT_COMMON, checkpoint=_RMT_CKPT))
     if recipe == 'mask_rcnn_3x' and size != 't':
         lines = {'s': (':71', ':67', ':78'), 'b': (':72', ':68', ':79'), 'l': (':72', ':68', ':79')}[size]
@@ -158,17 +160,20 @@ def _rmt_det(size: str, recipe: str) -> Optional[TrainRecipe]:
             _adamw(4e-4 if size == 's' else 2e-4, 0.05), no_decay=SWIN_KEYS + ('rpe_table', ), norm_decay_mult=0.,
             amp='dynamic', **common,
             lines=dict(optimizer=opt_line, paramwise=opt_line, drop_path=':16', schedule='step [27, 33], 36 epochs',
-                       warmup=':86-87' if size == 's' else ':87', batch=':69-70 (samples_per_gpu=2; 8 GPUs)',
+                       warmup=':86' if size == 's' else ':87',
+                       batch=f':{69 if size == "s" else 70} (samples_per_gpu=2; 8 GPUs)',
                        amp='fp16 = dict() (dynamic, _base_/default_runtime.py:17)', backbone=_RMT_COMMON,
                        checkpoint=_RMT_CKPT))
     if recipe == 'retinanet_1x':
+        off = 0 if size in 'ts' else 1
         return TrainRecipe(
             f'RMT-{size.upper()} RetinaNet 1x', f'{RMT}:detect/configs/RMT/retinanet_{f}_1x.py', True,
             _adamw(2e-4 if size == 'l' else 4e-4, 1e-4, betas=False), amp=512., **common,
-            lines=dict(optimizer=':30-31 (no paramwise_cfg: every parameter decayed)', drop_path=':15',
-                       schedule='runner max_epochs 12 (:33-34), step [8, 11] (_base_/schedules/schedule_1x.py)',
-                       warmup='_base_/schedules/schedule_1x.py:5-10', batch=':45-46 (samples_per_gpu=2; 8 GPUs)',
-                       amp=':34-35 fp16=dict(loss_scale=512.0)', backbone=_RMT_COMMON, checkpoint=_RMT_CKPT),
+            lines=dict(optimizer=f':{30 + off} (no paramwise_cfg: every parameter decayed)', drop_path=':15',
+                       schedule=f'runner max_epochs 12 (:{33 + off}), step [8, 11] (_base_/schedules/schedule_1x.py)',
+                       warmup='_base_/schedules/schedule_1x.py:5-10',
+                       batch=f':{45 + off} (samples_per_gpu=2; 8 GPUs)',
+                       amp=f':{34 + off} fp16=dict(loss_scale=512.0)', backbone=_RMT_COMMON, checkpoint=_RMT_CKPT),
             deviations=('RetinaNet head: the focal-loss normaliser is averaged over GPUs (SyncAvgRetinaHead); mmdet '
                         '2.11 used each GPU\'s own positives. Same on one GPU; steadier with 2 images per GPU',
                         'backbone outputs (1, 2, 3) with FPN start_level 0 instead of (0, 1, 2, 3) with start_level 1: '
@@ -198,7 +203,7 @@ def _rmt_seg(size: str, recipe: str) -> Optional[TrainRecipe]:
                        schedule=f':{44 + off}-{48 + off} poly power 1.0, min_lr 0; max_iters 160000',
                        warmup=f':{46 + off}-{47 + off} 1500 iterations at 1e-6',
                        batch=f':{51 + off} (samples_per_gpu=2) x 8 GPUs (segmentation/train_uper_*_2x.sh:13)',
-                       amp=f':{71 + off} Fp16OptimizerHook(loss_scale=512.)', backbone=_RMT_COMMON,
+                       amp=':72 Fp16OptimizerHook(loss_scale=512.)', backbone=_RMT_COMMON,
                        checkpoint=_RMT_CKPT),
             deviations=(() if size == 'l' else (
                 'as shipped the file raises ZeroDivisionError (gpu_multipliers=1, integer-divided by 2 or used as '
@@ -237,6 +242,11 @@ _FAN_BACKBONE_LINE = ('detection/models/fan.py: nn.SyncBatchNorm in conv3x3 / DW
                       '(:681-716)')
 
 
+def _fan_l_init(where: str, more: str = '') -> str:
+    return (f'initialised from fan_hybrid_large_in22k_1k.pth.tar: the IN-1k FAN-L-Hybrid weights the file loads '
+            f'({where}) were never released{more}')
+
+
 def _fan_cascade(size: str) -> TrainRecipe:
     opt_line, batch_line, amp_line, init_line = _FAN_LINES[size]
     deviations = ['total batch 32 as 8 GPUs x 4 images (official: 1 image x 32 GPUs, detection/README.md:35)',
@@ -248,9 +258,9 @@ def _fan_cascade(size: str) -> TrainRecipe:
                        'from scratch (pretrained=None, :19) and in fp32; ours follows the 3x recipe its name and the '
                        'S/B/L files give, from the released FAN-T-Hybrid ImageNet weights, with their AMP']
     if size == 'l':
-        deviations += ['initialised from fan_hybrid_large_in22k_1k.pth.tar: the IN-1k FAN-L-Hybrid weights the file '
-                       'loads (fan_large_12_p4_hybrid.pth.tar, :14) were never released; this is the init of the '
-                       'official _22k config (cascade_mask_fan_large_fpn_3x_mstrain_fp16_22k.py:14)']
+        deviations += [_fan_l_init('fan_large_12_p4_hybrid.pth.tar, :14',
+                                   '; this is the init of the official _22k config '
+                                   '(cascade_mask_fan_large_fpn_3x_mstrain_fp16_22k.py:14)')]
     return TrainRecipe(
         f'FAN-{size.upper()}-Hybrid Cascade Mask R-CNN 3x',
         f'{FAN}:detection/configs/cascade_mask_fan_{_FAN_FILE[size]}_fpn_3x_mstrain_fp16.py', True,
@@ -307,8 +317,7 @@ def _fan_segformer(size: str) -> TrainRecipe:
                        'loads no weights; ours follows the S/B/L scripts (8 GPUs x 1) from the released FAN-T-Hybrid '
                        'ImageNet weights']
     if size == 'l':
-        deviations += ['initialised from fan_hybrid_large_in22k_1k.pth.tar: the IN-1k FAN-L-Hybrid weights the file '
-                       'names (:20) were never released']
+        deviations += [_fan_l_init('fan_large_16_p4_hybrid.pth.tar, :20')]
     return TrainRecipe(
         f'FAN-{size.upper()}-Hybrid SegFormer 160k Cityscapes',
         f'{FAN}:segmentation/local_configs/fan/fan_hybrid/fan_hybrid_{_FAN_FILE[size]}.1024x1024.city.160k.py', True,

@@ -286,7 +286,8 @@ def recipes_page(config_dir: str) -> str:
         'machine without CUDA, with one log line; `--cfg-options optim_wrapper.type=OptimWrapper` turns AMP off '
         'anywhere (our `tools/train.py` then drops the AMP-only `loss_scale`; the stock mmdet / mmseg `train.py` keep '
         'it, so there the two static-scale recipes, RMT RetinaNet and UperNet, need a config that inherits ours '
-        'with `optim_wrapper = dict(_delete_=True, type=\'OptimWrapper\', ...)`).',
+        'with `optim_wrapper = dict(_delete_=True, type=\'OptimWrapper\', ...)`). On a machine without CUDA the '
+        'stock `train.py` stops at mmengine\'s assertion that AmpOptimWrapper needs a GPU; use ours there.',
         '- **SyncBN.** `norm_cfg=SyncBN` in the backbone where the official dense code synchronises its '
         'BatchNorms (RMT / EVT stem and downsampling, FAN); single-process runs revert it to BatchNorm '
         '(mmengine), CPU multi-process runs use `CPUSyncBN`.',

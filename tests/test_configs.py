@@ -17,7 +17,7 @@ from mmengine.structures import PixelData
 from conftest import CONFIGS
 import mmvisatt.models  # noqa: F401  (registers the backbones in the root registry)
 from mmvisatt.engine.entrypoints import resolve_amp
-from mmvisatt.task_configs import RECIPES, backbone_tokens, expected_configs, recipe_scope
+from mmvisatt.task_configs import RECIPES, backbone_tokens, expected_configs, recipe_scope, recipes_page
 
 pytest.importorskip('mmdet')
 pytest.importorskip('mmseg')
@@ -71,6 +71,11 @@ def test_configs_are_the_generated_ones():
     assert on_disk == set(expected), 'run tools/misc/generate_configs.py (and delete configs without a template)'
     for name, text in expected.items():
         assert open(osp.join(CONFIGS, name)).read() == text, f'{name} differs from its template'
+
+
+def test_recipe_page_is_the_generated_one():
+    page = osp.join(osp.dirname(CONFIGS), 'docs', 'recipes.md')
+    assert open(page).read() == recipes_page(CONFIGS), 'run tools/misc/generate_configs.py'
 
 
 def test_every_backbone_has_every_recipe():
