@@ -212,7 +212,9 @@ def render(config_dir: str, token: str, recipe: Recipe) -> str:
     comment = [f'{recipe.title}, with {preset.name}.']
     if recipe.task == 'cls':
         comment.append(f'Recipe: {preset.cls.recipe}; backbone settings in _base_/backbones/{token}.py.')
-        body = recipe.body
+        # a task's own drop path, else the preset's
+        dp_entry = 'cls.' if 'drop_path_rate' in preset.get('cls', {}) else ''
+        body = recipe.body.format(entry='cls', dp_entry=dp_entry)
     else:
         values = recipe_for(token, key)
         comment.append(f'Recipe: {values.describe()}.')
@@ -229,8 +231,7 @@ def render(config_dir: str, token: str, recipe: Recipe) -> str:
              for line in textwrap.wrap(text, 118, initial_indent='# ', subsequent_indent='# ')]
     bases = [f'_base_/{b}' for b in recipe.bases] + [f'_base_/backbones/{token}.py']
     lines.append('_base_ = [\n' + ''.join(f"    '{b}',\n" for b in bases) + ']')
-    dp_entry = 'cls.' if 'drop_path_rate' in preset.get('cls', {}) else ''
-    return '\n'.join(lines) + '\n\n' + body.format(entry='cls', dp_entry=dp_entry)
+    return '\n'.join(lines) + '\n\n' + body
 
 
 def expected_configs(config_dir: str) -> Dict[str, str]:
