@@ -107,6 +107,14 @@ def borrow(recipe: TrainRecipe, why: str, **changes) -> TrainRecipe:
 _GATE = 'the residual gate alpha is trained without weight decay'
 
 
+# Deviations several official recipes share.
+_APEX = 'apex O1 mixed precision (dynamic loss scale) becomes torch AMP with a dynamic scale'
+_RETINANET = ('RetinaNet head: the focal-loss normaliser is averaged over GPUs (SyncAvgRetinaHead); mmdet 2.x used '
+              'each GPU\'s own positives. Same on one GPU; steadier with 2 images per GPU',
+              'backbone outputs (1, 2, 3) with FPN start_level 0 instead of (0, 1, 2, 3) with start_level 1: the same '
+              'levels, without the unused stride-4 output norm that would stop DDP')
+
+
 def _adamw(lr: float, weight_decay: float, betas: bool = True) -> Dict[str, object]:
     opt: Dict[str, object] = dict(type='AdamW', lr=lr, weight_decay=weight_decay)
     if betas:
@@ -174,10 +182,7 @@ def _rmt_det(size: str, recipe: str) -> Optional[TrainRecipe]:
                        warmup='_base_/schedules/schedule_1x.py:5-10',
                        batch=f':{45 + off} (samples_per_gpu=2; 8 GPUs)',
                        amp=f':{34 + off} fp16=dict(loss_scale=512.0)', backbone=_RMT_COMMON, checkpoint=_RMT_CKPT),
-            deviations=('RetinaNet head: the focal-loss normaliser is averaged over GPUs (SyncAvgRetinaHead); mmdet '
-                        '2.11 used each GPU\'s own positives. Same on one GPU; steadier with 2 images per GPU',
-                        'backbone outputs (1, 2, 3) with FPN start_level 0 instead of (0, 1, 2, 3) with start_level 1: '
-                        'the same levels, without the unused stride-4 output norm that would stop DDP'))
+            deviations=_RETINANET)
     return None
 
 
@@ -250,7 +255,7 @@ def _fan_l_init(where: str, more: str = '') -> str:
 def _fan_cascade(size: str) -> TrainRecipe:
     opt_line, batch_line, amp_line, init_line = _FAN_LINES[size]
     deviations = ['total batch 32 as 8 GPUs x 4 images (official: 1 image x 32 GPUs, detection/README.md:35)',
-                  'apex O1 mixed precision (dynamic loss scale) becomes torch AMP with a dynamic scale',
+                  _APEX,
                   'use_checkpoint=True (:682) is not set: activation checkpointing changes memory, not results; '
                   'set model.backbone.with_cp=True if memory is short']
     if size == 't':
@@ -357,7 +362,7 @@ def _swin_det(name: str, recipe: str, drop_path: float) -> TrainRecipe:
                    warmup='configs/_base_/schedules/schedule_1x.py:5-10',
                    batch='configs/_base_/datasets/coco_instance.py:31 (samples_per_gpu=2; 8 GPUs)',
                    amp=(':129-140' if cascade else ':69-80') + ' EpochBasedRunnerAmp + apex (use_fp16=True)'),
-        deviations=('apex O1 mixed precision (dynamic loss scale) becomes torch AMP with a dynamic scale', ))
+        deviations=(_APEX, ))
 
 
 SWIN_UPERNET = TrainRecipe(
@@ -511,15 +516,14 @@ def shunted_recipes(token: str) -> Dict[str, TrainRecipe]:
         lines=dict(optimizer=':124-127', paramwise=':124-127', schedule=':128-134',
                    drop_path=mask_1x.lines['drop_path'], warmup='_base_/schedules/schedule_1x.py:5-11',
                    batch=mask_1x.lines['batch'], amp=':134-143 EpochBasedRunnerAmp + apex (use_fp16=True)'),
-        deviations=('apex O1 mixed precision (dynamic loss scale) becomes torch AMP with a dynamic scale', ),
+        deviations=(_APEX, ),
         why=_PVT_WHY)
     retina = TrainRecipe(
         'PVTv2-b2 RetinaNet 1x', f'{PVT}:detection/configs/retinanet_pvt_v2_b2_fpn_1x_coco.py', True,
         _adamw(1e-4, 1e-4, betas=False), drop_path_rate=0.1,
         lines=dict(optimizer=':22 (no paramwise_cfg)', drop_path=mask_1x.lines['drop_path'],
                    warmup='_base_/schedules/schedule_1x.py:5-11', batch=mask_1x.lines['batch'], amp='none'),
-        deviations=('RetinaNet head: the focal-loss normaliser is averaged over GPUs (SyncAvgRetinaHead)', ),
-        why=_PVT_WHY)
+        deviations=_RETINANET, why=_PVT_WHY)
     shunted_reported = {'mask_rcnn_1x': 'the Shunted paper\'s Mask R-CNN 1x row (COCO)',
                         'retinanet_1x': 'the Shunted paper\'s RetinaNet 1x row (COCO)'}
     out = {k: dataclasses.replace(v, reported=shunted_reported.get(k, ''))

@@ -8,6 +8,7 @@ each config as literals, with a header naming their source. The files are writte
 (``tools/misc/generate_configs.py``) and a test keeps the checked-in files equal to them. Edit a recipe in
 ``mmvisatt/recipes.py`` or a preset in its base, never a task config.
 """
+import functools
 import os
 import os.path as osp
 import textwrap
@@ -166,11 +167,12 @@ def param_scheduler(key: str, recipe: TrainRecipe) -> List[Dict[str, Any]]:
                           end=schedule.max_iters, by_epoch=False)]
 
 
-def _base_values(config_dir: str, recipe: Recipe) -> Config:
-    """What the recipe's dataset and schedule bases set (the values a task config need not repeat)."""
-    return Config(dict(
-        Config.fromfile(osp.join(config_dir, '_base_', recipe.bases[1])).to_dict(),
-        **Config.fromfile(osp.join(config_dir, '_base_', recipe.bases[2])).to_dict()))
+@functools.lru_cache(maxsize=None)
+def _base_values(config_dir: str, dataset: str, schedule: str) -> Config:
+    """What a dataset and a schedule base set (the values a task config need not repeat); read once per pair, as
+    every backbone's config of a recipe shares them. Read only."""
+    return Config(dict(Config.fromfile(osp.join(config_dir, '_base_', dataset)).to_dict(),
+                       **Config.fromfile(osp.join(config_dir, '_base_', schedule)).to_dict()))
 
 
 def dense_body(config_dir: str, recipe: Recipe, values: TrainRecipe) -> str:
@@ -195,7 +197,7 @@ def dense_body(config_dir: str, recipe: Recipe, values: TrainRecipe) -> str:
     text = 'model = dict(\n    backbone=dict(' + ',\n                  '.join(backbone) + '),\n    '
     text += ',\n    '.join(consumers) + ')\n'
     text += f'optim_wrapper = {literal(optim_wrapper(values), 0, len("optim_wrapper = "))}\n'
-    base = _base_values(config_dir, recipe)
+    base = _base_values(config_dir, recipe.bases[1], recipe.bases[2])
     schedulers = param_scheduler(key, values)
     if [dict(s) for s in base.param_scheduler] != schedulers:
         text += f'param_scheduler = {literal(schedulers, 0, len("param_scheduler = "))}\n'
