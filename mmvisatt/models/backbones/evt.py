@@ -17,12 +17,12 @@ from typing import Dict, Optional, Sequence, Tuple, Union
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-import torch.utils.checkpoint as cp
 from mmengine.registry import MODELS
 from timm.layers import DropPath, Mlp
 from torch import Tensor
 
 from mmvisatt.checkpoint import register_converter
+from ..layers.checkpoint import checkpoint
 from ..layers.inplace import add_into, gelu_into, linear_into
 from ..layers.spatial_decay import (SpatialDecay, TokenGroups, decayed_attention, group_tokens,
                                     grouped_attention_fused, ungroup_tokens)
@@ -178,10 +178,7 @@ class EVTStage(nn.Module):
     def forward(self, x: Tensor) -> Tuple[Tensor, Tensor]:
         context = self.context(x.shape[1], x.shape[2], x.dtype)
         for mode, block in zip(self.modes, self.blocks):
-            if self.with_cp and x.requires_grad:
-                x = cp.checkpoint(block, x, *context[mode], use_reentrant=False)
-            else:
-                x = block(x, *context[mode])
+            x = checkpoint(block, x, *context[mode], enabled=self.with_cp)
         return x, (x if self.downsample is None else self.downsample(x))
 
 

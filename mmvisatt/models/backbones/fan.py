@@ -21,7 +21,6 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-import torch.utils.checkpoint as cp
 from mmcv.cnn import build_norm_layer
 from mmengine.registry import MODELS
 from timm.layers import DropPath, Mlp, trunc_normal_
@@ -30,6 +29,7 @@ from torch import Tensor
 from mmvisatt.checkpoint import register_converter
 from ..layers.channel_attention import (ConvValueMlp, EfficientChannelAttention, TokenAttention,
                                         multi_head_attention)
+from ..layers.checkpoint import checkpoint, checkpoint_seq
 from ..layers.inplace import add_into, linear_into
 from ..layers.layout import tokens_to_map
 from ..layers.simple_pyramid import PYRAMID_WIDTHS, SimpleFeaturePyramid
@@ -164,10 +164,8 @@ class ConvNeXtStage(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         if self.downsample is not None:
             x = self.downsample(x)
-        for block in self.blocks:
-            # the stem runs at strides 4 and 8, where a block's activations are the largest of the network
-            x = cp.checkpoint(block, x, use_reentrant=False) if self.with_cp and x.requires_grad else block(x)
-        return x
+        # the stem runs at strides 4 and 8, where a block's activations are the largest of the network
+        return checkpoint_seq(self.blocks, x, enabled=self.with_cp)
 
 
 class HybridEmbed(nn.Module):
@@ -421,9 +419,7 @@ class FANSwinStage(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         if self.downsample is not None:
             x = self.downsample(x)
-        for block in self.blocks:
-            x = cp.checkpoint(block, x, use_reentrant=False) if self.with_cp and x.requires_grad else block(x)
-        return x
+        return checkpoint_seq(self.blocks, x, enabled=self.with_cp)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -682,8 +678,7 @@ class FAN(AttentionBackbone):
         x = self.pos_drop(x + self.pos_embed(size))
         picked = x
         for i, block in enumerate(self.blocks):
-            x = cp.checkpoint(block, x, size, use_reentrant=False) if self.with_cp and x.requires_grad \
-                else block(x, size)
+            x = checkpoint(block, x, size, enabled=self.with_cp)
             if i == self.out_block:
                 picked = x
         return x, size, maps, picked

@@ -14,12 +14,12 @@ from typing import Dict, Optional, Sequence, Tuple, Union
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-import torch.utils.checkpoint as cp
 from mmengine.registry import MODELS
 from timm.layers import DropPath, Mlp, trunc_normal_
 from torch import Tensor
 
 from mmvisatt.checkpoint import register_converter
+from ..layers.checkpoint import checkpoint
 from ..layers.pooling_attention import PoolingResidualAttention
 from ..layers.residual_attention import (ALIGNERS, POOLED_ALIGNERS, PooledScores, ScoreFactors, WindowScores,
                                          mix_scores)
@@ -155,10 +155,7 @@ class ReSwinStage(nn.Module):
                 alpha: Union[Tensor, float]) -> Tuple[Tensor, Optional[WindowScores]]:
         x = self.downsample(x)
         for block in self.blocks:
-            if self.with_cp and x.requires_grad:
-                x, residual = cp.checkpoint(block, x, residual, alpha, use_reentrant=False)
-            else:
-                x, residual = block(x, residual, alpha)
+            x, residual = checkpoint(block, x, residual, alpha, enabled=self.with_cp)
         return x, residual
 
 
@@ -342,10 +339,7 @@ Carried = Union[PooledScores, ScoreFactors, None]
 def _run_blocks(blocks: Sequence[nn.Module], x: Tensor, residual: Carried, alpha: Union[Tensor, float],
                 with_cp: bool, handoff: bool = False) -> Tuple[Tensor, Carried]:
     for block in blocks:
-        if with_cp and x.requires_grad:
-            x, residual = cp.checkpoint(block, x, residual, alpha, handoff, use_reentrant=False)
-        else:
-            x, residual = block(x, residual, alpha, handoff)
+        x, residual = checkpoint(block, x, residual, alpha, handoff, enabled=with_cp)
     return x, residual
 
 

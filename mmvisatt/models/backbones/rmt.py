@@ -14,7 +14,6 @@ from typing import Dict, Optional, Sequence, Tuple, Union
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-import torch.utils.checkpoint as cp
 from mmcv.cnn import build_norm_layer
 from mmengine.logging import print_log
 from mmengine.registry import MODELS
@@ -22,6 +21,7 @@ from timm.layers import DropPath
 from torch import Tensor
 
 from mmvisatt.checkpoint import load_pretrained, read_checkpoint, register_converter
+from ..layers.checkpoint import checkpoint_seq
 from ..layers.inplace import add_into, gelu_into, linear_into
 from ..layers.spatial_decay import SpatialDecay, decayed_attention
 from ..layers.strips import row_strips, strip_rows
@@ -287,11 +287,7 @@ class RMTStage(nn.Module):
 
     def forward(self, x: Tensor) -> Tuple[Tensor, Tensor]:
         context = self.context(x.shape[1], x.shape[2], x.dtype)
-        for block in self.blocks:
-            if self.with_cp and x.requires_grad:
-                x = cp.checkpoint(block, x, *context, use_reentrant=False)
-            else:
-                x = block(x, *context)
+        x = checkpoint_seq(self.blocks, x, *context, enabled=self.with_cp)
         return x, (x if self.downsample is None else self.downsample(x))
 
 

@@ -18,14 +18,12 @@ Odd input sizes (``odd_size``):
 Both are identical when the stage-1 map is divisible by the largest rate, e.g. for inputs padded to a multiple of
 32 (mmdet's ``Pad(size_divisor=32)``) with the official rates.
 """
-import contextlib
 import re
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-import torch.utils.checkpoint as cp
 from mmcv.cnn import ConvModule
 from mmengine.model.weight_init import constant_init, normal_init, trunc_normal_init
 from mmengine.registry import MODELS
@@ -33,6 +31,7 @@ from timm.layers import DropPath
 from torch import Tensor
 
 from mmvisatt.checkpoint import register_converter
+from ..layers.checkpoint import checkpoint, checkpoint_seq
 from ..layers.layout import map_to_tokens, tokens_to_map
 from ..layers.shunted_attention import ODD_SIZES, ShuntedAttention, check_choice
 from .base import AttentionBackbone, LayerOrder, stage_layer_order
@@ -47,35 +46,6 @@ def shunted_rates(sr_ratio: int) -> Tuple[int, ...]:
     if sr_ratio < 1 or sr_ratio % 2:
         raise ValueError(f'sr_ratio must be 1 or even (coarse rate r, fine rate r / 2), got {sr_ratio}')
     return sr_ratio, sr_ratio // 2
-
-
-@contextlib.contextmanager
-def _buffers_restored(module: nn.Module) -> Iterator[None]:
-    """Leave every buffer of ``module`` as it was on entry (the running statistics of its BatchNorms)."""
-    saved = [(buf, buf.clone()) for buf in module.buffers()]
-    try:
-        yield
-    finally:
-        with torch.no_grad():
-            for buf, value in saved:
-                buf.copy_(value)
-
-
-def checkpoint_keeping_buffers(module: nn.Module, *args):
-    """``module(*args)`` under activation checkpointing, its recomputation without side effects on buffers.
-
-    A BatchNorm in training mode normalises with the batch statistics, so its recomputed output equals the
-    first one, but each call also updates ``running_mean`` / ``running_var`` / ``num_batches_tracked``; a plain
-    checkpoint would update them twice per step. The recomputation runs between snapshot and restore instead,
-    so only the first call counts. Restoring what the buffers held when the recomputation started (rather than
-    what they held before the first call) also keeps the updates of several forward passes before one backward.
-    """
-    if torch.compiler.is_compiling():
-        # compiled graphs apply each buffer mutation once and recompute only pure ops in the backward graph
-        # (and checkpoint accepts no other context_fn there)
-        return cp.checkpoint(module, *args, use_reentrant=False)
-    return cp.checkpoint(module, *args, use_reentrant=False,
-                         context_fn=lambda: (contextlib.nullcontext(), _buffers_restored(module)))
 
 
 class DetailSpecificFFN(nn.Module):
@@ -167,17 +137,8 @@ class ShuntedStage(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """(B, C_in, H, W) -> normalised (B, C, h, w)."""
-        # the image does not require grad, so the stem is checkpointed whenever its own parameters train
-        if self.with_cp and torch.is_grad_enabled() and (
-                x.requires_grad or any(p.requires_grad for p in self.patch_embed.parameters())):
-            x, size = checkpoint_keeping_buffers(self.patch_embed, x)
-        else:
-            x, size = self.patch_embed(x)
-        for block in self.blocks:
-            if self.with_cp and x.requires_grad:
-                x = cp.checkpoint(block, x, size, use_reentrant=False)
-            else:
-                x = block(x, size)
+        x, size = checkpoint(self.patch_embed, x, enabled=self.with_cp)
+        x = checkpoint_seq(self.blocks, x, size, enabled=self.with_cp)
         x = self.norm(x)
         return x.transpose(1, 2).reshape(x.shape[0], -1, *size).contiguous()
 

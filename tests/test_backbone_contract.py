@@ -1,6 +1,6 @@
-"""What every mmvisatt backbone promises, checked once for all of them: registration in mmengine's root MODELS
-(so a bare name builds under the mmdet, mmseg and mmpretrain scopes) and activation checkpointing that leaves
-results unchanged."""
+"""What every mmvisatt backbone promises, checked once for all of them and every preset form: registration in
+mmengine's root MODELS (so a bare name builds under the mmdet, mmseg and mmpretrain scopes), activation
+checkpointing that leaves results and BatchNorm statistics unchanged."""
 import pytest
 import torch
 from mmengine.registry import MODELS, DefaultScope
@@ -20,6 +20,14 @@ BACKBONES = {
     'RMT': (dict(embed_dims=(16, 32, 64), depths=(1, 1, 1), num_heads=(2, 2, 4)), (0, 2), [16, 64]),
     'EVT': (dict(embed_dims=(16, 32, 64), depths=(2, 1, 1), num_heads=(2, 2, 4)), (1, 2), [32, 64]),
 }
+
+# every form a preset can take (the forms BACKBONES leaves out), tiny
+FORMS = [(name, arch) for name, (arch, _, _) in sorted(BACKBONES.items())] + [
+    ('FAN', dict(form='vit', embed_dims=32, depth=2, num_heads=2)),
+    ('FAN', dict(form='swin', embed_dims=16, depths=(1, 2, 1, 1), num_heads=(1, 2, 2, 4))),
+    ('EVT', dict(embed_dims=(16, 32, 32, 64), depths=(2, 2, 2, 2), num_heads=(1, 2, 2, 4), style='swin')),
+]
+FORM_IDS = [f"{name}-{arch.get('form', arch.get('style', 'base'))}" for name, arch in FORMS]
 
 
 @pytest.mark.parametrize('name', sorted(BACKBONES))
@@ -60,3 +68,34 @@ def test_with_cp_matches_and_trains(name):
         grads.append(probe.grad.clone())
     assert torch.allclose(grads[0], grads[1], atol=1e-6)
     assert grads[0].abs().sum().item() > 0
+
+
+def _bn_stats(model: torch.nn.Module) -> dict:
+    return {name: buf.clone() for name, buf in model.named_buffers()
+            if name.rsplit('.', 1)[-1] in ('running_mean', 'running_var', 'num_batches_tracked')}
+
+
+@pytest.mark.parametrize('name,arch', FORMS, ids=FORM_IDS)
+def test_with_cp_updates_batchnorm_statistics_once_per_step(name, arch):
+    """A training step under ``with_cp`` leaves every BatchNorm as a step without it: ``num_batches_tracked``
+    advanced by one and the same running statistics (a plain checkpoint would update them again when the
+    backward recomputes the block)."""
+    cls = MODELS.get(name)
+    torch.manual_seed(0)
+    plain = cls(arch=arch, drop_path_rate=0.).double()
+    ckpt = cls(arch=arch, drop_path_rate=0., with_cp=True).double()
+    ckpt.load_state_dict(plain.state_dict())
+    before = _bn_stats(plain)
+    x = torch.randn(2, 3, 64, 96, dtype=torch.float64)
+    for model in (plain, ckpt):
+        model.train()
+        sum(o.pow(2).mean() for o in model(x)).backward()
+    after, checkpointed = _bn_stats(plain), _bn_stats(ckpt)
+    counters = [n for n in before if n.endswith('num_batches_tracked')]
+    if name in ('FAN', 'RMT', 'EVT', 'ShuntedTransformer') and arch.get('style') != 'swin':
+        assert counters, f'{name} has no BatchNorm to check'
+    for n in counters:
+        assert after[n] - before[n] == 1
+        assert checkpointed[n] - before[n] == 1, f'{n} advanced by {int(checkpointed[n] - before[n])} under with_cp'
+    for n in before:
+        torch.testing.assert_close(checkpointed[n], after[n], rtol=1e-12, atol=1e-12)
