@@ -1,5 +1,8 @@
-from . import engine  # noqa: F401  (lets torch >= 2.6 load mmengine checkpoints; registers hooks)
-from .datasets import transforms  # noqa: F401  (registers CheckImageIntegrity, in every config's pipelines)
+"""mmvisatt: recent vision-transformer attention backbones for OpenMMLab dense prediction.
+
+``import mmvisatt.models`` registers the models only; configs list what else they need in ``custom_imports``
+(``mmvisatt.engine`` for the hooks and checkpoint loading, ``mmvisatt.datasets.transforms`` for the pipelines).
+"""
 from .version import __version__
 
 __all__ = ['__version__']

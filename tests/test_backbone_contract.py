@@ -1,6 +1,10 @@
 """What every mmvisatt backbone promises, checked once for all of them and every preset form: registration in
 mmengine's root MODELS (so a bare name builds under the mmdet, mmseg and mmpretrain scopes), activation
 checkpointing that leaves results and BatchNorm statistics unchanged."""
+import importlib
+import subprocess
+import sys
+
 import pytest
 import torch
 from mmengine.registry import MODELS, DefaultScope
@@ -33,8 +37,7 @@ FORM_IDS = [f"{name}-{arch.get('form', arch.get('style', 'base'))}" for name, ar
 @pytest.mark.parametrize('name', sorted(BACKBONES))
 @pytest.mark.parametrize('scope', ['mmdet', 'mmseg', 'mmpretrain'])
 def test_bare_name_builds_under_each_default_scope(scope, name):
-    lib = pytest.importorskip({'mmdet': 'mmdet.registry', 'mmseg': 'mmseg.registry',
-                               'mmpretrain': 'mmpretrain.registry'}[scope])
+    lib = importlib.import_module(f'{scope}.registry')
     arch, out_indices, channels = BACKBONES[name]
     with DefaultScope.overwrite_default_scope(scope):
         model = lib.MODELS.build(dict(type=name, arch=arch, out_indices=out_indices))
@@ -99,3 +102,14 @@ def test_with_cp_updates_batchnorm_statistics_once_per_step(name, arch):
         assert checkpointed[n] - before[n] == 1, f'{n} advanced by {int(checkpointed[n] - before[n])} under with_cp'
     for n in before:
         torch.testing.assert_close(checkpointed[n], after[n], rtol=1e-12, atol=1e-12)
+
+
+def test_importing_the_models_registers_models_only():
+    """``import mmvisatt.models`` (a config's ``custom_imports``) loads no engine, datasets, file backend or safe
+    globals; the dataset transforms do not import the engine (no import circle)."""
+    code = ('import sys, mmvisatt.models; '
+            "loaded = sorted(m for m in sys.modules if m.startswith(('mmvisatt.engine', 'mmvisatt.datasets'))); "
+            'assert not loaded, loaded; '
+            'import mmvisatt.datasets.transforms; '
+            "assert not [m for m in sys.modules if m.startswith('mmvisatt.engine')]")
+    subprocess.run([sys.executable, '-c', code], check=True)

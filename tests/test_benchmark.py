@@ -4,7 +4,10 @@ Times are never asserted (the machine is shared); only that they were measured a
 """
 import json
 import math
+import os.path as osp
 import re
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -12,6 +15,7 @@ import torch
 from mmvisatt.analysis.benchmark import (BenchmarkError, BenchmarkSettings, ModelSpec, Workload, cli, main,
                                          resolve, run_benchmark, summarize)
 
+ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 TINY = "{'embed_dims': 16, 'depths': (1, 1, 1, 1), 'num_heads': (1, 1, 2, 2)}"
 WIDER = "{'embed_dims': 32, 'depths': (1, 1, 1, 1), 'num_heads': (1, 1, 2, 2)}"
 QUICK = ['--shape', '64', '--batch-size', '2', '--warmup', '1', '--repeats', '2']
@@ -276,7 +280,7 @@ def test_fast_path_pair_splits_cpu_time_into_user_and_system(capsys):
     assert ta > 0 and tb > 0
     split = [line for line in cpu_out.splitlines() if line.startswith('CPU time split')]
     assert len(split) == 1 and 'minor page faults' in split[0]
-    pattern = r'user fused_attention=False ([\d.]+) ms, fused_attention=True ([\d.]+) ms'
+    pattern = r'user fused_attn=False ([\d.]+) ms, fused_attn=True ([\d.]+) ms'
     users = [float(v) for v in re.findall(pattern, split[0])[0]]
     assert all(u >= 0 for u in users) and sum(users) > 0
     assert 'CPU time split' not in wall_out
@@ -299,3 +303,22 @@ def test_profile_splits_a_pass_by_kind_of_op(capsys):
         torch.set_num_threads(threads)
     out = capsys.readouterr().out
     assert 'self CPU time by kind of op' in out and '  attention kernels: ' in out and '  total: ' in out
+
+
+@pytest.mark.parametrize('allocator', ['glibc-retain', 'jemalloc'])
+def test_allocator_option_reexecutes_with_the_setting(allocator, tmp_path):
+    """``--allocator`` restarts the command with the allocator's environment (what the timings ran under is in the
+    report); a missing jemalloc is a one-line error that says how to install it."""
+    from mmvisatt.analysis.benchmark import JEMALLOC_LIBRARIES
+    out = tmp_path / 'report.json'
+    proc = subprocess.run([sys.executable, osp.join(ROOT, 'tools', 'analysis', 'benchmark.py'), '--backbone', 'RMT',
+                           '--arch', "{'embed_dims': (16, 32, 64), 'depths': (1, 1, 1), 'num_heads': (2, 2, 4)}",
+                           '--shape', '64', '--measure', 'inference', '--repeats', '1', '--warmup', '0',
+                           '--threads', '1', '--allocator', allocator, '--out', str(out)],
+                          capture_output=True, text=True, cwd=ROOT)
+    if allocator == 'jemalloc' and not any(osp.exists(p) for p in JEMALLOC_LIBRARIES):
+        assert proc.returncode != 0 and 'apt-get install libjemalloc2' in proc.stderr
+        return
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert f'allocator {allocator}' in proc.stdout
+    assert json.loads(out.read_text())['allocator'] == allocator

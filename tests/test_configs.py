@@ -19,10 +19,6 @@ import mmvisatt.models  # noqa: F401  (registers the backbones in the root regis
 from mmvisatt.engine.entrypoints import resolve_amp
 from mmvisatt.task_configs import RECIPES, backbone_tokens, expected_configs, recipe_scope, recipes_page
 
-pytest.importorskip('mmdet')
-pytest.importorskip('mmseg')
-pytest.importorskip('mmpretrain')
-
 CONFIG_FILES = sorted(glob.glob(osp.join(CONFIGS, '*.py')))
 
 
@@ -92,7 +88,8 @@ def test_every_backbone_has_every_recipe():
 def _custom_imports(scope: str) -> dict:
     # the detection runtime also imports SyncAvgRetinaHead (mmvisatt.models does not import mmdet)
     extra = ['mmvisatt.models.dense_heads'] if scope == 'mmdet' else []
-    return dict(imports=['mmvisatt.models', *extra], allow_failed_imports=False)
+    return dict(imports=['mmvisatt.models', *extra, 'mmvisatt.engine', 'mmvisatt.datasets.transforms'],
+                allow_failed_imports=False)
 
 
 def _scope_of(path: str) -> str:

@@ -12,8 +12,6 @@ from mmengine.registry import TRANSFORMS
 
 from conftest import CONFIGS
 
-pytest.importorskip('imagecorruptions')
-
 from mmvisatt.robustness import (CORRUPTION_GROUPS, CORRUPTIONS, SEVERITIES, CorruptImage,  # noqa: E402
                                  corrupt_image, image_seed, insert_corruption, markdown_table, select_metrics,
                                  summarize)

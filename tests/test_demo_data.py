@@ -105,7 +105,6 @@ def test_images_are_textured(coco_root):
 
 
 def test_coco_annotations(coco_root):
-    pytest.importorskip('pycocotools')
     from pycocotools import mask as mask_utils
     from pycocotools.coco import COCO
 
@@ -147,7 +146,6 @@ def test_coco_annotations(coco_root):
 
 
 def test_coco_masks_do_not_overlap(coco_root):
-    pytest.importorskip('pycocotools')
     from pycocotools.coco import COCO
 
     with contextlib.redirect_stdout(io.StringIO()):
@@ -170,7 +168,6 @@ def test_coco_masks_do_not_overlap(coco_root):
 
 def test_ground_truth_scores_perfect_map(coco_root):
     """Catches id conventions that break COCOeval (e.g. annotation id 0)."""
-    pytest.importorskip('pycocotools')
     from pycocotools.coco import COCO
     from pycocotools.cocoeval import COCOeval
 
@@ -302,7 +299,6 @@ def test_ade_maps(ade_root, coco_root):
 
 
 def test_mmdet_coco_dataset(coco_root):
-    pytest.importorskip('mmdet')
     from mmcv.transforms import LoadImageFromFile
     from mmdet.datasets import CocoDataset
     from mmdet.datasets.transforms import LoadAnnotations
@@ -329,7 +325,6 @@ def test_mmdet_coco_dataset(coco_root):
 
 
 def test_mmseg_ade_dataset(ade_root):
-    pytest.importorskip('mmseg')
     from mmcv.transforms import LoadImageFromFile
     from mmseg.datasets import ADE20KDataset, BaseSegDataset
     from mmseg.datasets.transforms import LoadAnnotations

@@ -12,8 +12,6 @@ import pytest
 
 from conftest import CONFIGS, REPO
 
-pytest.importorskip('mmdet')
-
 # An untrained detector scores 0.000-0.001 mAP; the demo reaches about 0.045 bbox / 0.07 segm mAP (README).
 # Ten times the untrained score separates learning from noise with room for thread-scheduling nondeterminism.
 MARGIN = 0.01

@@ -1,9 +1,6 @@
 """SyncAvgRetinaHead: RetinaHead with its normaliser averaged over processes (the 2-process equivalence itself is
 tests/test_reliability.py::test_two_processes_batch_1_train_like_one_process_batch_2[retinanet])."""
-import pytest
 import torch
-
-pytest.importorskip('mmdet')
 
 
 HEAD = dict(

@@ -14,8 +14,6 @@ from mmengine.registry import DefaultScope
 from conftest import REPO
 from mmvisatt.engine import to_demo_config
 
-pytest.importorskip('mmdet')
-
 ITERS, BATCH, WORLD = 3, 2, 2
 
 

@@ -1,5 +1,6 @@
 """FAN: presets and parameter counts, the channel attention against its formula, fused == explicit attention,
 input sizes, quirk switches, checkpoints (official layouts, wrappers, mm-style files), freezing and errors."""
+import importlib
 import json
 import math
 from pathlib import Path
@@ -11,8 +12,8 @@ import torch.nn as nn
 from mmvisatt.checkpoint import (CheckpointMismatchError, convert_checkpoint_file, convert_state_dict,
                                  load_pretrained)
 from mmvisatt.models.backbones.fan import FAN, FourierPositionEncoding, LayerNorm2d
-from mmvisatt.models.layers.channel_attention import (EfficientChannelAttention, TokenAttention, channel_gate,
-                                                      multi_head_attention)
+from mmvisatt.models.layers.attention import attention
+from mmvisatt.models.layers.channel_attention import EfficientChannelAttention, TokenAttention, channel_gate
 from mmvisatt.testing import parity_model
 
 DATA = Path(__file__).parent / 'data/parity/fan'
@@ -167,8 +168,8 @@ def test_fused_attention_equals_explicit_in_float64():
     q, k, v = (torch.randn(2, 3, n, 8, dtype=torch.float64) for n in (5, 7, 7))
     bias = torch.randn(3, 5, 7, dtype=torch.float64)
     for b in (None, bias):
-        fused = multi_head_attention(q, k, v, b, fused=True)
-        assert torch.allclose(fused, multi_head_attention(q, k, v, b, fused=False), atol=1e-13)
+        fused = attention(q, k, v, b, fused=True)
+        assert torch.allclose(fused, attention(q, k, v, b, fused=False), atol=1e-13)
     attn = TokenAttention(16, 4).double()
     x = torch.randn(2, 9, 16, dtype=torch.float64)
     ref = attn(x)
@@ -211,7 +212,7 @@ def test_num_features_per_form():
 
 
 def test_hybrid_dense_outputs_feed_a_standard_fpn():
-    fpn_module = pytest.importorskip('mmdet.models.necks')
+    fpn_module = importlib.import_module('mmdet.models.necks')
     model = FAN(arch=TINY['hybrid']).eval()
     fpn = fpn_module.FPN(in_channels=model.num_features, out_channels=16, num_outs=5)
     with torch.no_grad():

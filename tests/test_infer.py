@@ -14,8 +14,6 @@ from mmvisatt.apis.inference import drop_pretrained_init, output_names
 from mmvisatt.datasets import DEMO_ADE_CLASSES, DEMO_COCO_CLASSES, prepare_demo_ade, prepare_demo_coco
 from mmvisatt.engine import DemoSettings, train_main
 
-pytest.importorskip('mmdet')
-
 MASK_3X = osp.join(CONFIGS, 'mask_rcnn_reswin_t_3x.py')
 
 
@@ -117,7 +115,6 @@ model = dict(
 
 @pytest.mark.slow
 def test_infer_segmentation_demo_checkpoint(tmp_path):
-    pytest.importorskip('mmseg')
     config = tmp_path / 'upernet_reswin_tiny.py'
     config.write_text(TINY_UPERNET)
     work_dir = tmp_path / 'work'

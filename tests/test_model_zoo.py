@@ -15,10 +15,6 @@ from mmvisatt.analysis.model_zoo import (ModelZooError, build_model, count_macs,
 from mmvisatt.analysis.paper_results import NO_OFFICIAL_COUNT, OFFICIAL, OFFICIAL_DENSE, REPORTED
 from mmvisatt.task_configs import RECIPES, backbone_tokens, recipe_key
 
-pytest.importorskip('mmdet')
-pytest.importorskip('mmseg')
-pytest.importorskip('mmpretrain')
-
 TOLERANCE_PERCENT = 2.
 
 

@@ -15,14 +15,15 @@ def relative_error(ours: torch.Tensor, ref: torch.Tensor) -> float:
     return ((ours - ref).abs().max() / ref.abs().max()).item()
 
 
+@pytest.mark.parametrize('fused_attn', [False, True], ids=['reference', 'fused'])
 @pytest.mark.parametrize('case', CASES, ids=[f'{c.parent.name}/{c.name}' for c in CASES])
-def test_parity(case):
+def test_parity(case, fused_attn):
     meta = json.loads((case / 'meta.json').read_text())
     state_dict = torch.load(case / 'state_dict.pth', map_location='cpu', weights_only=True)
     images = torch.load(case / 'input.pt', weights_only=True)
     ref = torch.load(case / 'outputs.pt', weights_only=True)
 
-    model = parity_model(meta, state_dict).double()
+    model = parity_model(meta, state_dict, fused_attn).double()
     with torch.no_grad():
         out = model(images.double())
 

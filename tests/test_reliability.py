@@ -28,9 +28,6 @@ from mmvisatt.engine.input_checks import (AnnotationError, ConfigKeyError, Corru
                                           CorruptImageError, check_coco_annotations, explain_image_error)
 from mmvisatt.engine.reliability import atomic_write, find_resumable_checkpoint, resolve_auto_resume
 
-pytest.importorskip('mmdet')
-pytest.importorskip('mmseg')
-
 NO_VAL = ['val_dataloader=None', 'val_cfg=None', 'val_evaluator=None']
 DETERMINISTIC = ['randomness.deterministic=True']
 TINY_SWIN = "arch=dict(_delete_=True, embed_dims=16, depths=(1, 1, 1, 1), num_heads=(1, 1, 2, 2))"

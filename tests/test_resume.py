@@ -11,8 +11,6 @@ from mmengine.logging import HistoryBuffer
 from mmvisatt.engine import entrypoints
 from mmvisatt.engine.entrypoints import train_main
 
-pytest.importorskip('mmdet')
-
 # No validation while training: these tests are about checkpoints, and 50 images per validation would dominate.
 NO_VAL = ['val_dataloader=None', 'val_cfg=None', 'val_evaluator=None']
 

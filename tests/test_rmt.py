@@ -1,5 +1,6 @@
 """RMT: preset sizes, Manhattan decay masks, fused == explicit attention, half precision, shapes, training
 switches, checkpoint layouts through init_cfg, input errors and the decay-mask tool."""
+import importlib
 import json
 import math
 from pathlib import Path
@@ -10,9 +11,10 @@ import torch
 import mmvisatt.models  # noqa: F401  (registers EVT too)
 from mmvisatt.analysis.decay import decay_masks, decay_masks_main, effective_receptive_field, plot_decay_masks
 from mmvisatt.checkpoint import CheckpointMismatchError, convert_state_dict
-from mmvisatt.models.backbones.rmt import RMT, ManhattanSelfAttention, RasterRotary, select_release_weights
-from mmvisatt.models.layers.spatial_decay import (BIAS_FLOOR, SpatialDecay, decay_bias, decayed_attention,
-                                                  head_decay_rates)
+from mmvisatt.models.backbones.base import select_release_weights
+from mmvisatt.models.backbones.rmt import RMT, ManhattanSelfAttention, RasterRotary
+from mmvisatt.models.layers.attention import attention
+from mmvisatt.models.layers.spatial_decay import BIAS_FLOOR, SpatialDecay, decay_bias, head_decay_rates
 
 DATA = Path(__file__).parent / 'data' / 'parity' / 'rmt'
 TINY = dict(embed_dims=(16, 32, 32, 64), depths=(1, 2, 1, 1), num_heads=(2, 2, 4, 4),
@@ -87,7 +89,7 @@ def test_decayed_attention_fused_equals_explicit():
     torch.manual_seed(0)
     q, k, v = (torch.randn(2, 5, 3, 7, 4, dtype=torch.float64) for _ in range(3))  # (B, H, heads, W, d)
     bias = SpatialDecay(3, 2, 4).double().line(7, torch.float64)
-    assert torch.allclose(decayed_attention(q, k, v, bias, True), decayed_attention(q, k, v, bias, False),
+    assert torch.allclose(attention(q, k, v, bias, 1., fused=True), attention(q, k, v, bias, 1., fused=False),
                           rtol=0, atol=1e-12)
 
 
@@ -116,7 +118,7 @@ def test_half_precision_at_1333x800(dtype):
     assert torch.isfinite(sin).all() and torch.isfinite(out).all()
     bias = decay.grid(84, 50, 'manhattan', dtype)
     q = torch.randn(1, 2, 84 * 50, 4, dtype=dtype)
-    assert torch.isfinite(bias).all() and torch.isfinite(decayed_attention(q, q, q, bias)).all()
+    assert torch.isfinite(bias).all() and torch.isfinite(attention(q, q, q, bias, 1.)).all()
 
 
 @pytest.mark.parametrize('out_indices', [(0, 1, 2, 3), (0, ), (1, ), (2, ), (3, ), (1, 3)])
@@ -236,7 +238,7 @@ def test_token_label_layout_drops_aux_head_and_maps_the_head():
 def test_official_classifier_as_mmpretrain_image_classifier():
     """RMT(out_norms=False) + RMTProjectionNeck + LinearClsHead, loaded from the converted official file, gives
     the official logits (fixture rmt_a)."""
-    registry = pytest.importorskip('mmpretrain.registry')
+    registry = importlib.import_module('mmpretrain.registry')
     from mmengine.registry import DefaultScope
     arch, official = _fixture()
     with DefaultScope.overwrite_default_scope('mmpretrain'):

@@ -114,10 +114,10 @@ def _official_order_attention(attn: ShuntedAttention, x: torch.Tensor, size):
     return attn.proj(torch.cat(outs, dim=-1))
 
 
-@pytest.mark.parametrize('impl', ['explicit', 'sdpa'])
-def test_head_groups_follow_the_official_order(impl):
+@pytest.mark.parametrize('fused', [False, True], ids=['explicit', 'sdpa'])
+def test_head_groups_follow_the_official_order(fused):
     torch.manual_seed(0)
-    attn = ShuntedAttention(32, 4, rates=(4, 2), qkv_bias=True, attn_impl=impl).double().eval()
+    attn = ShuntedAttention(32, 4, rates=(4, 2), qkv_bias=True, fused=fused).double().eval()
     with torch.no_grad():
         for p in attn.parameters():
             p.add_(torch.randn_like(p) * 0.1)
@@ -147,13 +147,11 @@ def test_sdpa_equals_explicit_path():
         fused = model(x)
         for m in model.modules():
             if isinstance(m, ShuntedAttention):
-                m.attn_impl = 'explicit'
+                m.fused = False
         explicit = model(x)
     for a, b in zip(fused, explicit):
         assert (a - b).abs().max() / b.abs().max() < 1e-12
-    assert _tiny(attn_impl='explicit').stages[0].blocks[0].attn.attn_impl == 'explicit'
-    with pytest.raises(ValueError, match='attn_impl'):
-        ShuntedTransformer(arch=TINY, attn_impl='flash')
+    assert not _tiny(fused_attn=False).stages[0].blocks[0].attn.fused
 
 
 def test_with_cp_same_output_and_gradients():

@@ -2,11 +2,7 @@
 import subprocess
 import sys
 
-import pytest
-
 from conftest import REPO
-
-pytest.importorskip('flake8')
 
 
 def test_flake8_is_clean():

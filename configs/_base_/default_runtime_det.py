@@ -1,7 +1,11 @@
 # Runtime shared by the detection configs (mmdet 3.x conventions).
 default_scope = 'mmdet'
 # mmvisatt.models.dense_heads: SyncAvgRetinaHead (RetinaNet's head with its normaliser averaged over processes)
-custom_imports = dict(imports=['mmvisatt.models', 'mmvisatt.models.dense_heads'], allow_failed_imports=False)
+# mmvisatt.models registers the backbones only; the runtime also needs mmvisatt.engine (hooks, checkpoint
+# loading under torch >= 2.6, CPU SyncBN) and mmvisatt.datasets.transforms (CheckImageIntegrity)
+custom_imports = dict(
+    imports=['mmvisatt.models', 'mmvisatt.models.dense_heads', 'mmvisatt.engine', 'mmvisatt.datasets.transforms'],
+    allow_failed_imports=False)
 
 default_hooks = dict(
     timer=dict(type='IterTimerHook'),

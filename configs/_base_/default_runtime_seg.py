@@ -1,6 +1,10 @@
 # Runtime shared by the semantic segmentation configs (mmseg 1.x conventions).
 default_scope = 'mmseg'
-custom_imports = dict(imports=['mmvisatt.models'], allow_failed_imports=False)
+# mmvisatt.models registers the backbones only; the runtime also needs mmvisatt.engine (hooks, checkpoint
+# loading under torch >= 2.6, CPU SyncBN) and mmvisatt.datasets.transforms (CheckImageIntegrity)
+custom_imports = dict(
+    imports=['mmvisatt.models', 'mmvisatt.engine', 'mmvisatt.datasets.transforms'],
+    allow_failed_imports=False)
 
 default_hooks = dict(
     timer=dict(type='IterTimerHook'),

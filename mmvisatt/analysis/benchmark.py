@@ -24,6 +24,14 @@ measurement also reports ``cpu_split``: the user time, the system time and the m
 (``getrusage``, where the OS has it). System time is mostly the kernel zeroing fresh pages for large tensors; it
 varies from run to run with the machine's memory state, while user time is the computation.
 
+``allocator`` (CPU timing): ``jemalloc`` preloads jemalloc with freed memory kept
+(``MALLOC_CONF=dirty_decay_ms:-1,muzzy_decay_ms:-1``; Debian ``libjemalloc2``), ``glibc-retain`` tells glibc to
+keep freed memory (``MALLOC_MMAP_THRESHOLD_`` / ``MALLOC_TRIM_THRESHOLD_`` / ``MALLOC_TOP_PAD_``), ``default``
+leaves the environment as it is. Large activations otherwise come back from the kernel as fresh pages on every
+pass, and their page faults are system time the model code cannot remove (docs/performance.md). The command
+re-executes itself with the setting, which must be in place before the process starts; the memory subprocesses
+keep their own glibc setting.
+
 ``dtype`` ``bf16`` / ``fp16`` mean autocast mixed precision with float32 weights (what mmengine's
 ``AmpOptimWrapper`` does); fp16 training scales the loss with a ``GradScaler``.
 
@@ -58,6 +66,13 @@ MEASUREMENTS = ('inference', 'train', 'inference-memory', 'train-memory')
 CLOCKS = {'wall': time.perf_counter, 'cpu': time.process_time}
 TASK_SCOPES = ('mmdet', 'mmseg', 'mmpretrain')
 _RESULT_MARK = 'BENCHMARK-RESULT '
+JEMALLOC_LIBRARIES = ('/usr/lib/x86_64-linux-gnu/libjemalloc.so.2', '/usr/lib/aarch64-linux-gnu/libjemalloc.so.2',
+                      '/usr/lib64/libjemalloc.so.2', '/usr/lib/libjemalloc.so.2', '/usr/local/lib/libjemalloc.so.2')
+GLIBC_RETAIN = dict(MALLOC_MMAP_THRESHOLD_='4294967296', MALLOC_TRIM_THRESHOLD_='68719476736',
+                    MALLOC_TOP_PAD_='1073741824')
+ALLOCATORS = ('default', 'jemalloc', 'glibc-retain')
+_ALLOCATOR_MARK = 'MMVISATT_ALLOCATOR'
+_ALLOCATOR_VARS = ('LD_PRELOAD', 'MALLOC_CONF', *GLIBC_RETAIN)
 _MIB = 2.0 ** 20
 
 
@@ -666,6 +681,10 @@ def measure_memory(spec: ModelSpec, settings: BenchmarkSettings, mode: str,
         raise BenchmarkError('CPU peak memory is read from /proc/self/status, which needs Linux; drop the '
                              'memory measurements (--measure inference train).')
     env = dict(os.environ)
+    if env.pop(_ALLOCATOR_MARK, None):
+        # the RSS method below needs glibc returning freed blocks, whatever allocator the timings used
+        for var in _ALLOCATOR_VARS:
+            env.pop(var, None)
     # a fixed threshold (it also stops glibc from raising it dynamically) makes freed large blocks leave the RSS
     env.setdefault('MALLOC_MMAP_THRESHOLD_', '65536')
     package_root = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
@@ -789,7 +808,8 @@ def run_benchmark(specs: Sequence[ModelSpec], settings: BenchmarkSettings,
     if settings.threads:
         torch.set_num_threads(settings.threads)
     report = dict(tool='mmvisatt benchmark', date=time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime()),
-                  machine=machine_info(settings), settings=asdict(settings), measure=list(measure), models=[])
+                  machine=machine_info(settings), settings=asdict(settings), measure=list(measure), models=[],
+                  allocator=os.environ.get(_ALLOCATOR_MARK, 'default'))
     for spec in specs:
         if log:
             log(f'benchmarking {spec.label} ...')
@@ -834,6 +854,8 @@ def format_report(report: dict) -> str:
         title += f", warm-up {s['warmup']}, {s['repeats']} timed repeats"
         if s.get('clock') == 'cpu':
             title += ' (CPU time)'
+        if report.get('allocator', 'default') != 'default':
+            title += f", allocator {report['allocator']}"
     if {'inference-memory', 'train-memory'} & set(report['measure']):
         title += f", peak memory of {s['memory_steps']} passes"
     lines = [title,
@@ -894,14 +916,53 @@ def build_parser() -> argparse.ArgumentParser:
                         help="time passes by elapsed time (wall, default) or by this process's CPU time (cpu: "
                         "leaves out waits for a core on a shared machine; sums the threads)")
     parser.add_argument('--seed', type=int, default=0)
+    parser.add_argument('--allocator', choices=ALLOCATORS, default='default',
+                        help='CPU memory allocator for the timed passes: jemalloc (preloaded, freed memory kept), '
+                        'glibc-retain (glibc keeps freed memory) or default (the environment as it is); the command '
+                        're-executes itself with it')
     parser.add_argument('--config-dir', default=CONFIG_DIR, help='where backbone presets are looked up')
     parser.add_argument('--out', metavar='FILE.json', help='write the report as JSON')
     return parser
 
 
+def allocator_environment(name: str, environ: Optional[Dict[str, str]] = None) -> Dict[str, str]:
+    """The environment a process needs to run with allocator ``name`` (see the module docstring)."""
+    env = dict(os.environ if environ is None else environ)
+    if name == 'jemalloc':
+        library = next((path for path in JEMALLOC_LIBRARIES if osp.exists(path)), None)
+        if library is None:
+            raise BenchmarkError(f'--allocator jemalloc: no libjemalloc.so.2 in {", ".join(JEMALLOC_LIBRARIES)}; '
+                                 f'install it (Debian/Ubuntu: apt-get install libjemalloc2) or use '
+                                 f'--allocator glibc-retain')
+        env['LD_PRELOAD'] = ' '.join(p for p in (library, env.get('LD_PRELOAD')) if p)
+        env['MALLOC_CONF'] = 'dirty_decay_ms:-1,muzzy_decay_ms:-1'
+    elif name == 'glibc-retain':
+        env.update(GLIBC_RETAIN)
+    elif name != 'default':
+        raise BenchmarkError(f'unknown allocator {name!r}; choose one of {", ".join(ALLOCATORS)}')
+    env[_ALLOCATOR_MARK] = name
+    return env
+
+
+def apply_allocator(name: str, argv: Optional[Sequence[str]] = None) -> None:
+    """Re-execute this command (``sys.argv``, or ``python -m`` style ``argv``) under allocator ``name`` unless it
+    already runs under it; ``default`` changes nothing."""
+    if name == 'default' or os.environ.get(_ALLOCATOR_MARK) == name:
+        return
+    env = allocator_environment(name)
+    command = [sys.executable, *sys.argv] if argv is None else [sys.executable, *argv]
+    sys.stdout.flush()
+    os.execve(sys.executable, command, env)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> dict:
     """Parse the command line, benchmark, print the table and write ``--out``; returns the report."""
     args = build_parser().parse_args(argv)
+    if argv is None:
+        apply_allocator(args.allocator)
+    elif args.allocator != os.environ.get(_ALLOCATOR_MARK, 'default'):
+        raise BenchmarkError(f'--allocator {args.allocator} needs a process started with it: run '
+                             f'tools/analysis/benchmark.py from the command line')
     if bool(args.config) == bool(args.backbone):
         raise BenchmarkError('Give either a CONFIG file or --backbone NAME (not both, not neither).')
     if args.backbone_only and not args.config:

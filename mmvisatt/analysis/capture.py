@@ -25,7 +25,8 @@ import torch
 import torch.nn as nn
 from torch import Tensor
 
-from mmvisatt.models.backbones.revit import PatchMerging, WindowResidualAttention
+from mmvisatt.models.backbones.revit import WindowResidualAttention
+from mmvisatt.models.layers.patch import PatchMerging
 from mmvisatt.models.layers.pooling_attention import PoolingResidualAttention
 from mmvisatt.models.layers.residual_attention import PooledScores, ScoreFactors, TokenGrid, WindowScores
 from mmvisatt.models.layers.window import WindowGrid, window_token_coords

@@ -22,12 +22,19 @@ from mmcv.transforms import BaseTransform
 from mmengine import fileio
 from mmengine.registry import TRANSFORMS
 
-from mmvisatt.engine.input_checks import CorruptImageError, truncated_image_message
-
 _JPEG_SOI, _JPEG_EOI, _JPEG_SOS = b'\xff\xd8\xff', b'\xff\xd9', b'\xff\xda'
 _PNG_SIGNATURE, _PNG_IEND = b'\x89PNG\r\n\x1a\n', b'\x00\x00\x00\x00IEND'
 # the end of a complete file: the JPEG marker (+ padding some writers add), or PNG's IEND chunk and its CRC
 _TAIL = 64
+
+
+class CorruptImageError(RuntimeError):
+    """An image of the dataset cannot be decoded."""
+
+
+def truncated_image_message(path: str, problem: str) -> str:
+    return (f'Image {path} is truncated: {problem}. Replace it (download or copy it again, or re-encode the '
+            f'original), or remove it from the annotation file.')
 
 
 def _read_ends(path: str, backend_args: Optional[dict]):

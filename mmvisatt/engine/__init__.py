@@ -2,8 +2,8 @@
 the torch >= 2.6 fix that lets mmengine 0.10.7 resume from its own checkpoints, and what makes training reliable
 (atomic checkpoints, exact resume, the non-finite loss guard, CPU SyncBN; see docs/reliability.md).
 
-Importing this package (``import mmvisatt`` does) allowlists the objects mmengine checkpoints contain for
-``torch.load(weights_only=True)`` and registers the hooks in mmengine's root registry.
+Importing this package (every runtime config's ``custom_imports`` does) allowlists the objects mmengine checkpoints
+contain for ``torch.load(weights_only=True)`` and registers the hooks in mmengine's root registry.
 """
 from .demo import DemoSettings, to_demo_config
 from .entrypoints import (parse_test_args, parse_train_args, prepare_test, prepare_train, test_main,

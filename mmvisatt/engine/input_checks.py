@@ -24,6 +24,7 @@ from mmengine.hooks import Hook
 from mmengine.model import is_model_wrapper
 from mmengine.registry import HOOKS
 
+from mmvisatt.datasets.transforms import CorruptImageError, image_truncation, truncated_image_message
 from .checks import leaf_datasets
 from .reliability import checkpoint_problem
 
@@ -45,10 +46,6 @@ class AnnotationError(ValueError):
 
 class CorruptCheckpointError(RuntimeError):
     """A checkpoint file is incomplete or corrupt."""
-
-
-class CorruptImageError(RuntimeError):
-    """An image of the dataset cannot be decoded."""
 
 
 def _children(node: Any) -> Optional[List[str]]:
@@ -236,11 +233,6 @@ class ChannelCheckHook(Hook):
         self._install(runner)
 
 
-def truncated_image_message(path: str, problem: str) -> str:
-    return (f'Image {path} is truncated: {problem}. Replace it (download or copy it again, or re-encode the '
-            f'original), or remove it from the annotation file.')
-
-
 _FAILED_IMAGE = re.compile(r'failed to load image: (\S+)')
 
 
@@ -256,7 +248,6 @@ def explain_image_error(error: BaseException) -> Optional[CorruptImageError]:
     if not isinstance(error, AssertionError) or not paths:
         return None
     path = paths[-1].rstrip("'\"")
-    from mmvisatt.datasets.transforms import image_truncation  # imports this module
     problem = image_truncation(path) if osp.isfile(path) else None
     if problem is not None:
         return CorruptImageError(truncated_image_message(path, problem))

@@ -1,8 +1,9 @@
 """Latency ratio of two models measured pass by pass in one process (the method of docs/performance.md).
 
 Pairs:
-  fast-path FAMILY ARCH   explicit-softmax reference path / fast path of RMT, EVT, FAN or ShuntedTransformer,
-                          same weights (the reference model gets the fast model's state_dict)
+  fast-path FAMILY ARCH   reference path / fused path (fused_attn=False / True) of RMT, EVT, FAN,
+                          ShuntedTransformer, ReViT or ReMViTv2, same weights (the reference model gets the fast
+                          model's state_dict)
   reswin                  ReSwinTransformer(arch='t') / mmdet SwinTransformer of the same shape and settings
   reswin-det              a whole detector config with a ReSwin backbone (--config, default
                           configs/mask_rcnn_reswin_t_1x.py) / the same detector with mmdet's SwinTransformer of
@@ -25,6 +26,7 @@ kernels, convolutions, other): what both paths share bounds the ratio any attent
 """
 import argparse
 import inspect
+import os
 import os.path as osp
 import statistics
 
@@ -32,10 +34,10 @@ import torch
 from mmengine.registry import MODELS
 
 import mmvisatt.models  # noqa: F401  (registers the backbones)
-from mmvisatt.analysis.benchmark import CLOCKS, cpu_split, cpu_usage, time_pass
+from mmvisatt.analysis.benchmark import ALLOCATORS, CLOCKS, apply_allocator, cpu_split, cpu_usage, time_pass
 
-SWITCHES = {'RMT': ('fused_attention', True, False), 'EVT': ('fused_attention', True, False),
-            'FAN': ('fused_attn', True, False), 'ShuntedTransformer': ('attn_impl', 'sdpa', 'explicit')}
+# the backbones with two attention paths under the one ``fused_attn`` switch (ReSwin has one)
+FAMILIES = ('RMT', 'EVT', 'FAN', 'ShuntedTransformer', 'ReViT', 'ReMViTv2')
 DET_CONFIG = osp.join(osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))), 'configs',
                       'mask_rcnn_reswin_t_1x.py')
 # ReSwinTransformer arguments that mmdet's SwinTransformer takes under the same name and meaning
@@ -125,13 +127,12 @@ def build_pair(args):
     x = torch.randn(1, 3, *args.shape)
     run = lambda model: model(x)  # noqa: E731
     if args.pair == 'fast-path':
-        if args.family not in SWITCHES:
-            raise SystemExit(f'fast-path needs a family of {sorted(SWITCHES)}, got {args.family!r}')
-        switch, fast, reference = SWITCHES[args.family]
-        fast_model = MODELS.build(dict(type=args.family, arch=args.arch, **{switch: fast}))
-        reference_model = MODELS.build(dict(type=args.family, arch=args.arch, **{switch: reference}))
+        if args.family not in FAMILIES:
+            raise SystemExit(f'fast-path needs a family of {sorted(FAMILIES)}, got {args.family!r}')
+        fast_model = MODELS.build(dict(type=args.family, arch=args.arch, fused_attn=True))
+        reference_model = MODELS.build(dict(type=args.family, arch=args.arch, fused_attn=False))
         reference_model.load_state_dict(fast_model.state_dict())
-        return reference_model, fast_model, f'{switch}={reference}', f'{switch}={fast}', run
+        return reference_model, fast_model, 'fused_attn=False', 'fused_attn=True', run
     if args.pair == 'reswin':
         import mmdet.models  # noqa: F401  (registers mmdet.SwinTransformer)
         reswin_cfg = dict(type='ReSwinTransformer', arch='t')
@@ -149,7 +150,7 @@ def main(argv=None):
     """Parse, measure, print; returns (median ms of A, median ms of B)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('pair', choices=['fast-path', 'reswin', 'reswin-det', 'remvit'])
-    parser.add_argument('family', nargs='?', help='fast-path: RMT, EVT, FAN or ShuntedTransformer')
+    parser.add_argument('family', nargs='?', help='fast-path: ' + ', '.join(FAMILIES))
     parser.add_argument('arch', nargs='?', help='fast-path: arch preset (t, hybrid_t, ...)')
     parser.add_argument('--config', default=DET_CONFIG, help='reswin-det: detector config with a ReSwin backbone')
     parser.add_argument('--shape', type=int, nargs=2, default=[224, 224], metavar=('H', 'W'))
@@ -160,10 +161,15 @@ def main(argv=None):
     parser.add_argument('--clock', choices=sorted(CLOCKS), default='wall',
                         help="wall: elapsed time; cpu: this process's CPU time, which leaves out the time other "
                         "processes hold the core (with one thread nothing else runs in parallel)")
+    parser.add_argument('--allocator', choices=ALLOCATORS, default='default',
+                        help='CPU allocator for the passes (as tools/analysis/benchmark.py): jemalloc, glibc-retain '
+                        'or default; the command re-executes itself with it')
     parser.add_argument('--profile', action='store_true',
                         help='after the timed passes, profile one more pass of each model and print its self CPU '
                         'time by kind of op (linear layers, attention kernels, convolutions, other)')
     args = parser.parse_args(argv)
+    if argv is None:
+        apply_allocator(args.allocator)
     if args.pair == 'fast-path' and not (args.family and args.arch):
         parser.error('fast-path needs FAMILY and ARCH, e.g. "fast-path RMT t"')
     torch.set_num_threads(args.threads)
@@ -183,7 +189,9 @@ def main(argv=None):
                     if split:
                         usages[j].append(usage)
     ta, tb = (statistics.median(t) * 1e3 for t in times)
-    print(f'{args.shape[0]}x{args.shape[1]}, {args.threads} thread(s), {args.clock} clock, {args.repeats} repeats: '
+    allocator = os.environ.get('MMVISATT_ALLOCATOR', 'default')
+    print(f'{args.shape[0]}x{args.shape[1]}, {args.threads} thread(s), {args.clock} clock, {allocator} allocator, '
+          f'{args.repeats} repeats: '
           f'{label_a} {ta:.1f} ms, {label_b} {tb:.1f} ms, ratio {ta / tb:.3f}')
     # the pass-by-pass ratios show how far load from other processes moved the median
     print('per pass (ms): ' + ', '.join(f'{x * 1e3:.0f}/{y * 1e3:.0f}' for x, y in zip(*times)))

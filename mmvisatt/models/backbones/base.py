@@ -1,14 +1,15 @@
-"""The base class of every mmvisatt backbone (presets, input checks, pretrained loading, freezing, layer ids) and
-the initialisation they share."""
+"""The base class of every mmvisatt backbone (presets, input checks, pretrained loading, freezing, layer ids), the
+initialisation they share, and the base RMT and EVT share."""
 from typing import Callable, Dict, Iterator, Optional, Sequence, Tuple, Union
 
 import torch.nn as nn
+from mmengine.logging import print_log
 from mmengine.model import BaseModule
 from timm.layers import trunc_normal_
 from torch import Tensor
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from mmvisatt.checkpoint import load_pretrained
+from mmvisatt.checkpoint import load_pretrained, read_checkpoint
 
 # (module name, whether it is a block): see AttentionBackbone._layer_order
 LayerOrder = Iterator[Tuple[str, bool]]
@@ -156,3 +157,86 @@ class AttentionBackbone(BaseModule):
                 if isinstance(m, (_BatchNorm, nn.GroupNorm, nn.LayerNorm)):
                     m.eval()
         return self
+
+
+class DecayBackbone(AttentionBackbone):
+    """What RMT and EVT share: building from a preset, stage loop with output norms, freezing, init, loading."""
+    _family = ''
+    # Entries of release files chosen over plain 'model' weights when present (the EMA the papers report).
+    _release_keys = ('model_ema', )
+
+    def _setup(self, in_channels: int, dims: Sequence[int], out_indices: Optional[Sequence[int]],
+               frozen_stages: int, norm_eval: bool, out_norms: bool) -> None:
+        self.in_channels = in_channels
+        self.out_norms = out_norms
+        # None = every stage: (0, 1, 2, 3) for the presets, fewer for a shallower arch dict
+        out_indices = range(len(dims)) if out_indices is None else out_indices
+        self.out_indices = self._check_out_indices(out_indices, len(dims))
+        self.frozen_stages = frozen_stages
+        self.norm_eval = norm_eval
+        self.num_features = list(dims)
+
+    def _add_output_norms(self) -> None:
+        for i in self.out_indices if self.out_norms else ():
+            self.add_module(f'norm{i}', nn.LayerNorm(self.num_features[i]))
+
+    @property
+    def min_input_size(self) -> int:
+        # a stride-32 cell of a smaller image would be computed from padding more than from pixels
+        return 32
+
+    def forward(self, x: Tensor) -> Tuple[Tensor, ...]:
+        """(B, C_in, H, W) -> tuple of (B, num_features[i], ceil(H / 2**(i+2)), ceil(W / 2**(i+2)))."""
+        self._check_input(x)
+        x = self.patch_embed(x)
+        outs = []
+        for i, stage in enumerate(self.stages):
+            out, x = stage(x)
+            if i in self.out_indices:
+                if self.out_norms:
+                    out = getattr(self, f'norm{i}')(out)
+                outs.append(out.permute(0, 3, 1, 2).contiguous())
+        return tuple(outs)
+
+    def _freeze_stages(self):
+        if self.frozen_stages < 0:
+            return
+        frozen = [self.patch_embed] + [self.stages[i] for i in range(min(self.frozen_stages, len(self.stages)))]
+        if self.out_norms:
+            frozen += [getattr(self, f'norm{i}') for i in range(self.frozen_stages) if i in self.out_indices]
+        self._freeze(frozen)
+
+    def _layer_order(self) -> LayerOrder:
+        yield 'patch_embed', False
+        yield from stage_layer_order(self.stages, after=('downsample', ))
+
+    def _default_init(self) -> None:
+        init_transformer_weights(self)
+
+    def init_weights(self):
+        if self._init_from_cfg(self._family):
+            return
+        self._default_init()
+
+    def _init_from_cfg(self, family: str) -> bool:
+        cfg = self.init_cfg
+        if isinstance(cfg, dict) and cfg.get('type') == 'Pretrained':
+            checkpoint = cfg['checkpoint']
+            if isinstance(checkpoint, str):
+                checkpoint = read_checkpoint(checkpoint)
+            weights = select_release_weights(checkpoint, cfg.get('checkpoint_key', self._release_keys))
+            load_pretrained(self, weights, family=family, allow_missing=self.new_keys)
+            self._is_init = True
+            return True
+        return super()._init_from_cfg(family)
+
+
+def select_release_weights(checkpoint: dict, keys: Union[str, Sequence[str]]) -> dict:
+    """The entry of a training checkpoint to load: the first of ``keys`` present (e.g. ``'model_ema'``), else the
+    checkpoint itself (unwrapped later). The RMT/DeiT ``main.py`` saves both ``model`` and ``model_ema``;
+    the generic unwrapping would pick ``model``."""
+    for key in [keys] if isinstance(keys, str) else keys:
+        if isinstance(checkpoint.get(key), dict):
+            print_log(f"Using the '{key}' weights of the checkpoint", logger='current')
+            return checkpoint[key]
+    return checkpoint

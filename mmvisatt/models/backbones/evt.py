@@ -16,19 +16,18 @@ from typing import Dict, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from mmengine.registry import MODELS
 from timm.layers import DropPath, Mlp
 from torch import Tensor
 
 from mmvisatt.checkpoint import register_converter
+from ..layers.attention import attention, resolve_fused_attn
 from ..layers.checkpoint import checkpoint
-from ..layers.inplace import add_into, gelu_into, linear_into
-from ..layers.spatial_decay import (SpatialDecay, TokenGroups, decayed_attention, group_tokens,
-                                    grouped_attention_fused, ungroup_tokens)
-from ..layers.strips import row_strips, strip_rows
-from .revit import PatchEmbed, PatchMerging
-from .rmt import ConvDownsample, ConvStem, DecayBackbone, RetentiveBlock
+from ..layers.patch import PatchEmbed, PatchMerging
+from ..layers.retentive import ConvDownsample, ConvStem, RetentiveBlock
+from ..layers.spatial_decay import SpatialDecay, TokenGroups, group_tokens, grouped_attention_fused, ungroup_tokens
+from .base import DecayBackbone
+from .rmt import RMT
 
 MODES = ('grouped', 'dilated', 'full')
 
@@ -41,8 +40,7 @@ class EuclideanSelfAttention(nn.Module):
         num_heads: heads (each with its own decay).
         mode: ``'grouped'`` (EuSAg), ``'dilated'`` (EuSAd) or ``'full'``.
         lce: add a 5x5 depthwise conv of the values to the output (RMT's LCE).
-        fused: the fast path (``scaled_dot_product_attention``, the key scale folded into its weights, LCE added
-            into its own output) or the explicit softmax reference.
+        fused: ``scaled_dot_product_attention`` or the explicit softmax reference.
     """
 
     def __init__(self, dim: int, num_heads: int, mode: str = 'grouped', lce: bool = True, fused: bool = True):
@@ -62,34 +60,26 @@ class EuclideanSelfAttention(nn.Module):
     def forward(self, x: Tensor, bias: Tensor, groups: Optional[TokenGroups] = None) -> Tensor:
         """x: (B, H, W, C); bias: (heads, HW, HW) for full attention, else (heads, G, g, g) with ``groups``."""
         B, H, W, C = x.shape
-        if self.fused:
-            # the scale goes into the (small) weights instead of a pass over the keys
-            k = F.linear(x, self.k_proj.weight * self.scale, self.k_proj.bias * self.scale)
-        else:
-            k = self.k_proj(x) * self.scale
-        q, v = self.q_proj(x), self.v_proj(x)
+        q, k, v = self.q_proj(x), self.k_proj(x) * self.scale, self.v_proj(x)
         local = None if self.lce is None else self.lce(v.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)
         heads = self.num_heads
         if groups is None:
             q, k, v = (t.reshape(B, H * W, heads, -1).transpose(1, 2) for t in (q, k, v))
-            out = decayed_attention(q, k, v, bias, self.fused).transpose(1, 2)
+            out = attention(q, k, v, bias, 1., fused=self.fused).transpose(1, 2)
         elif self.fused:
             out = grouped_attention_fused(*(t.reshape(B, H * W, C) for t in (q, k, v)), bias, groups, heads)
         else:
             # (B, G, g, heads, d) -> (B, heads * G, g, d): each (head, group) pair is one attention problem
             q, k, v = (group_tokens(t.reshape(B, H * W, C), groups).unflatten(-1, (heads, -1))
                        .permute(0, 3, 1, 2, 4).flatten(1, 2) for t in (q, k, v))
-            out = decayed_attention(q, k, v, bias.flatten(0, 1), self.fused)
+            out = attention(q, k, v, bias.flatten(0, 1), 1., fused=False)
             out = ungroup_tokens(out.unflatten(1, (heads, -1)).permute(0, 2, 3, 1, 4).flatten(-2), groups)
         out = out.reshape(B, H, W, C)
-        if local is not None:
-            out = add_into(local, out) if self.fused else out + local
-        return self.out_proj(out)
+        return self.out_proj(out if local is None else out + local)
 
 
 class SwinEuSABlock(nn.Module):
-    """A Swin block (LN -> attention -> LN -> MLP, post-residual) with EuSA in place of (S)W-MSA. With a fused
-    ``attn`` (the fast path), inference on large maps runs the MLP by row strips."""
+    """A Swin block (LN -> attention -> LN -> MLP, post-residual) with EuSA in place of (S)W-MSA."""
 
     def __init__(self, dim: int, attn: nn.Module, mlp_ratio: float = 4., drop_path: float = 0.):
         super().__init__()
@@ -101,23 +91,7 @@ class SwinEuSABlock(nn.Module):
 
     def forward(self, x: Tensor, *context) -> Tensor:
         x = x + self.drop_path(self.attn(self.norm1(x), *context))
-        if self.attn.fused and not self.training:
-            rows = strip_rows(x, x.shape[1], x.shape[2] * self.mlp.fc1.out_features)
-            if rows is not None:
-                return self._mlp_strips(x, rows)
         return x + self.drop_path(self.mlp(self.norm2(x)))
-
-    def _mlp_strips(self, x: Tensor, rows: int) -> Tensor:
-        """x + MLP(LN(x)) at inference by strips of ``rows`` rows (:mod:`~mmvisatt.models.layers.strips`; every
-        step is per token, so no halo): EVT-Swin-T's first stage at 800x1216 has a 93 MB hidden map."""
-        B, H, W, C = x.shape
-        out = torch.empty_like(x)
-        for b in range(B):
-            for first, end, _, _ in row_strips(H, rows, 0):
-                tokens = x[b, first:end].reshape(-1, C)
-                hidden = gelu_into(self.mlp.fc1(self.norm2(tokens)))
-                linear_into(self.mlp.fc2, hidden, out[b, first:end].view(-1, C)).add_(tokens)
-        return out
 
 
 class EVTStage(nn.Module):
@@ -132,40 +106,23 @@ class EVTStage(nn.Module):
         self.with_cp = with_cp
         self.group_size = group_size
         self.decay = SpatialDecay(num_heads, init_value, heads_range)
-        self._context_cache = None
         self.modes = ['full' if full else ('grouped', 'dilated')[i % 2] for i in range(depth)]
         self.blocks = nn.ModuleList()
         for mode, rate in zip(self.modes, drop_path):
             if style == 'rmt':
                 attn = EuclideanSelfAttention(dim, num_heads, mode, lce=True, fused=fused)
-                self.blocks.append(RetentiveBlock(dim, attn, mlp_ratio, rate, layer_scale, fold=fused))
+                self.blocks.append(RetentiveBlock(dim, attn, mlp_ratio, rate, layer_scale))
             else:
                 attn = EuclideanSelfAttention(dim, num_heads, mode, lce=False, fused=fused)
                 self.blocks.append(SwinEuSABlock(dim, attn, mlp_ratio, rate))
         if not out_dim:
             self.downsample = None
         else:
-            self.downsample = (ConvDownsample(dim, out_dim, fast=fused, norm_cfg=norm_cfg) if style == 'rmt' else
+            self.downsample = (ConvDownsample(dim, out_dim, norm_cfg) if style == 'rmt' else
                                PatchMerging(dim, out_dim))
 
     def context(self, height: int, width: int, dtype: torch.dtype) -> Dict[str, tuple]:
-        """Per mode, what its blocks take besides x: the bias (and the grouping). The biases are as large as the
-        attention maps (tens of MB per stage at detection sizes) and took 6% of EVT-T's forward to rebuild, so the
-        last one is kept; holding the decay tensor itself in the key (not its id) means a replaced or reloaded
-        buffer can never match a stale entry."""
-        log_gamma = self.decay.log_gamma
-        # tensors made under inference_mode cannot enter autograd later, so they are kept apart
-        key = (height, width, dtype, log_gamma._version, torch.is_inference_mode_enabled())
-        cached = self._context_cache
-        if cached is not None and cached[0] is log_gamma and cached[1] == key:
-            return cached[2]
-        context = self._build_context(height, width, dtype)
-        # Dynamo would have to guard on the cache; a compiled graph rebuilds the biases inside the graph instead
-        if not torch.compiler.is_compiling():
-            self._context_cache = (log_gamma, key, context)
-        return context
-
-    def _build_context(self, height: int, width: int, dtype: torch.dtype) -> Dict[str, tuple]:
+        """Per mode, what its blocks take besides x: the bias (and the grouping)."""
         context = {}
         for mode in set(self.modes):
             if mode == 'full':
@@ -193,24 +150,13 @@ class EVT(DecayBackbone):
             ``layer_scales`` (per stage), ``style`` (``'rmt'`` or ``'swin'``) and ``drop_path_rate``.
         group_size: tokens per EuSAg / EuSAd group (49 = a 7x7 window's worth).
         drop_path_rate: None takes the preset's value (RMT's 0.1 / 0.15 / 0.4 / 0.5; 0.2 for Swin-T).
-        layer_init_values, fused_attention, out_norms, in_channels, out_indices, frozen_stages, norm_eval,
+        layer_init_values, fused_attn, out_norms, in_channels, out_indices, frozen_stages, norm_eval,
         with_cp, norm_cfg, init_cfg: as :class:`~mmvisatt.models.backbones.rmt.RMT` (``norm_cfg`` is unused by
             the Swin style, which has no BatchNorm).
     """
-    _rmt_shapes = {
-        't': dict(embed_dims=(64, 128, 256, 512), depths=(2, 2, 8, 2), num_heads=(4, 4, 8, 16),
-                  mlp_ratios=(3, 3, 3, 3), heads_ranges=(4, 4, 6, 6), drop_path_rate=0.1),
-        's': dict(embed_dims=(64, 128, 256, 512), depths=(3, 4, 18, 4), num_heads=(4, 4, 8, 16),
-                  mlp_ratios=(4, 4, 3, 3), heads_ranges=(4, 4, 6, 6), drop_path_rate=0.15),
-        'b': dict(embed_dims=(80, 160, 320, 512), depths=(4, 8, 25, 8), num_heads=(5, 5, 10, 16),
-                  mlp_ratios=(4, 4, 3, 3), heads_ranges=(5, 5, 6, 6), layer_scales=(False, False, True, True),
-                  drop_path_rate=0.4),
-        'l': dict(embed_dims=(112, 224, 448, 640), depths=(4, 8, 25, 8), num_heads=(7, 7, 14, 20),
-                  mlp_ratios=(4, 4, 3, 3), heads_ranges=(6, 6, 6, 6), layer_scales=(False, False, True, True),
-                  drop_path_rate=0.5),
-    }
     arch_zoo: Dict[str, dict] = {
-        **_rmt_shapes,
+        # RMT's shapes (EVT has no decomposed attention)
+        **{name: {k: v for k, v in arch.items() if k != 'decomposed'} for name, arch in RMT.arch_zoo.items()},
         'swin_t': dict(style='swin', embed_dims=(96, 192, 384, 768), depths=(2, 2, 6, 2), num_heads=(3, 6, 12, 24),
                        mlp_ratios=(4, 4, 4, 4), heads_ranges=(4, 4, 6, 6),
                        full_attention=(False, False, False, False), drop_path_rate=0.2),
@@ -222,7 +168,7 @@ class EVT(DecayBackbone):
 
     def __init__(self, arch: Union[str, dict] = 't', in_channels: int = 3, group_size: int = 49,
                  drop_path_rate: Optional[float] = None, layer_init_values: float = 1e-6,
-                 fused_attention: bool = True, out_norms: bool = True, out_indices: Optional[Sequence[int]] = None,
+                 fused_attn: Optional[bool] = None, out_norms: bool = True, out_indices: Optional[Sequence[int]] = None,
                  frozen_stages: int = -1, norm_eval: bool = False, with_cp: bool = False,
                  norm_cfg: Optional[dict] = None, init_cfg: Optional[dict] = None):
         super().__init__(init_cfg=init_cfg)
@@ -243,7 +189,8 @@ class EVT(DecayBackbone):
         self.style = style
         rate = arch['drop_path_rate'] if drop_path_rate is None else drop_path_rate
         rates = torch.linspace(0, rate, sum(depths)).tolist()
-        self.patch_embed = (ConvStem(in_channels, dims[0], fast=fused_attention, norm_cfg=norm_cfg)
+        self.fused_attn = resolve_fused_attn(fused_attn)
+        self.patch_embed = (ConvStem(in_channels, dims[0], norm_cfg)
                             if style == 'rmt' else PatchEmbed(in_channels, dims[0], 4))
         self.stages = nn.ModuleList()
         for i in range(n):
@@ -252,7 +199,7 @@ class EVT(DecayBackbone):
                 dims[i], dims[i + 1] if i < n - 1 else None, depths[i], heads[i], per_stage['mlp_ratios'][i],
                 per_stage['init_values'][i], per_stage['heads_ranges'][i], per_stage['full_attention'][i],
                 group_size, rates[start:start + depths[i]],
-                layer_init_values if per_stage['layer_scales'][i] else None, style, with_cp, fused_attention,
+                layer_init_values if per_stage['layer_scales'][i] else None, style, with_cp, self.fused_attn,
                 norm_cfg))
         self._add_output_norms()
         self._freeze_stages()

@@ -27,18 +27,14 @@ from timm.layers import DropPath, Mlp, trunc_normal_
 from torch import Tensor
 
 from mmvisatt.checkpoint import register_converter
-from ..layers.channel_attention import (ConvValueMlp, EfficientChannelAttention, TokenAttention,
-                                        multi_head_attention)
+from ..layers.attention import attention, resolve_fused_attn
+from ..layers.channel_attention import ConvValueMlp, EfficientChannelAttention, TokenAttention
 from ..layers.checkpoint import checkpoint, checkpoint_seq
-from ..layers.inplace import add_into, linear_into
 from ..layers.layout import tokens_to_map
+from ..layers.patch import PatchEmbed, PatchMerging
 from ..layers.simple_pyramid import PYRAMID_WIDTHS, SimpleFeaturePyramid
-from ..layers.strips import row_strips, strip_rows
-from ..layers.window import (WindowGrid, merge_windows, partition_windows, relative_position_index,
-                             window_attention_mask, window_gather)
+from ..layers.window import WindowAttentionBase, WindowGrid, merge_windows, partition_windows, window_attention_mask
 from .base import AttentionBackbone, LayerOrder, init_transformer_weights, stage_layer_order
-# Swin's patch embedding and merging are the same bricks as ReSwin's.
-from .revit import PatchEmbed, PatchMerging
 
 Size = Tuple[int, int]
 
@@ -213,7 +209,7 @@ class FANBlock(nn.Module):
         self.attn = TokenAttention(dim, num_heads, qkv_bias, attn_drop, drop, fused)
         self.norm2 = nn.LayerNorm(dim, eps=1e-6)
         self.channel_attn = EfficientChannelAttention(dim, num_heads, int(dim * mlp_ratio), qkv_bias, attn_drop,
-                                                      drop, value_residual=True, norm_layer=norm_layer, fast=fused)
+                                                      drop, value_residual=True, norm_layer=norm_layer)
         self.gamma1 = nn.Parameter(torch.full((dim, ), float(eta)))
         self.gamma2 = nn.Parameter(torch.full((dim, ), float(eta)))
         self.drop_path = DropPath(drop_path) if drop_path > 0. else nn.Identity()
@@ -246,7 +242,7 @@ class ClassAttention(nn.Module):
         q = self.q(x[:, :1]).reshape(B, 1, h, C // h).transpose(1, 2)
         k = self.k(x).reshape(B, N, h, C // h).transpose(1, 2)
         v = self.v(x).reshape(B, N, h, C // h).transpose(1, 2)
-        out = multi_head_attention(q, k, v, dropout=self.attn_drop if self.training else 0., fused=self.fused)
+        out = attention(q, k, v, dropout=self.attn_drop if self.training else 0., fused=self.fused)
         return self.proj_drop(self.proj(out.transpose(1, 2).reshape(B, 1, C)))
 
 
@@ -277,75 +273,28 @@ class ClassAttentionBlock(nn.Module):
         return x + torch.cat([self.gamma2 * self.mlp(x[:, :1]), x[:, 1:]], dim=1)
 
 
-class WindowAttention(nn.Module):
+class WindowAttention(WindowAttentionBase):
     """Swin's window multi-head self-attention with a relative-position bias."""
 
     def __init__(self, dim: int, num_heads: int, window_size: int, qkv_bias: bool = True, attn_drop: float = 0.,
                  proj_drop: float = 0., fused: bool = True):
-        super().__init__()
-        self.num_heads = num_heads
-        self.window_size = window_size
+        super().__init__(num_heads, window_size)
         self.fused = fused
         self.attn_drop = attn_drop
-        self.relative_position_bias_table = nn.Parameter(torch.zeros((2 * window_size - 1) ** 2, num_heads))
-        self.register_buffer('relative_position_index', relative_position_index(window_size), persistent=False)
         self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
-
-    def relative_bias(self) -> Tensor:
-        """(heads, N, N) relative-position bias of the window's token pairs."""
-        N = self.window_size ** 2
-        bias = self.relative_position_bias_table[self.relative_position_index.view(-1)]
-        return bias.view(N, N, -1).permute(2, 0, 1)
 
     def forward(self, x: Tensor, num_windows: int, mask: Optional[Tensor] = None) -> Tensor:
         """x: (B * num_windows, N, C); mask: additive (num_windows, N, N) -> (B * num_windows, N, C)."""
         BW, N, C = x.shape
         h = self.num_heads
         q, k, v = self.qkv(x).reshape(-1, num_windows, N, 3, h, C // h).permute(3, 0, 1, 4, 2, 5)
-        bias = self.relative_bias()
+        bias = self.relative_position_bias()
         if mask is not None:
             bias = bias + mask[:, None]
-        out = multi_head_attention(q, k, v, bias, dropout=self.attn_drop if self.training else 0.,
-                                   fused=self.fused)
+        out = attention(q, k, v, bias, dropout=self.attn_drop if self.training else 0., fused=self.fused)
         return self.proj_drop(self.proj(out.transpose(2, 3).reshape(BW, N, C)))
-
-    def forward_gathered(self, x: Tensor, plain: int, masks: Optional[Tensor]) -> Tensor:
-        """The fused path on windows ordered as a :class:`~mmvisatt.models.layers.window.WindowGather`:
-        x (B * num_windows, N, C), the first ``plain`` windows unmasked, the rest with ``masks``."""
-        BW, N, C = x.shape
-        h = self.num_heads
-        bias = self.relative_bias()
-        if not self.training:
-            # inference: runs of plain windows, so that no (windows, N, 3C) projection is allocated whole
-            # (FAN-Swin-T's first stage at 800x1216: 72 MB)
-            rows = strip_rows(x, plain, N * 3 * C)
-            if rows is not None:
-                return self._forward_window_runs(x, plain, masks, bias, rows)
-        q, k, v = self.qkv(x).reshape(BW, N, 3, h, C // h).permute(2, 0, 3, 1, 4)
-        dropout = self.attn_drop if self.training else 0.
-        outs = [multi_head_attention(q[:plain], k[:plain], v[:plain], bias, dropout)]
-        if masks is not None:
-            outs.append(multi_head_attention(q[plain:], k[plain:], v[plain:], bias + masks[:, None], dropout))
-        # one copy puts both parts in token-major order
-        out = torch.cat([o.transpose(1, 2) for o in outs]) if len(outs) > 1 else outs[0].transpose(1, 2)
-        return self.proj_drop(self.proj(out.reshape(BW, N, C)))
-
-    def _forward_window_runs(self, x: Tensor, plain: int, masks: Optional[Tensor], bias: Tensor,
-                             rows: int) -> Tensor:
-        """:meth:`forward_gathered` at inference, ``rows`` plain windows at a time, then the masked ones."""
-        BW, N, C = x.shape
-        h = self.num_heads
-        out = x.new_empty(BW, N, C)
-        runs = [(first, end, bias) for first, end, _, _ in row_strips(plain, rows, 0)]
-        if masks is not None:
-            runs.append((plain, BW, bias + masks[:, None]))
-        for first, end, run_bias in runs:
-            q, k, v = self.qkv(x[first:end]).reshape(end - first, N, 3, h, C // h).permute(2, 0, 3, 1, 4)
-            o = multi_head_attention(q, k, v, run_bias).transpose(1, 2).reshape(-1, C)
-            linear_into(self.proj, o, out[first:end].view(-1, C))
-        return out
 
 
 class FANSwinBlock(nn.Module):
@@ -366,8 +315,7 @@ class FANSwinBlock(nn.Module):
         hidden = int(dim * mlp_ratio)
         if channel_attn:
             self.channel_attn = EfficientChannelAttention(dim, num_heads, hidden, qkv_bias, attn_drop, drop,
-                                                          value_residual=False, norm_layer=norm_layer,
-                                                          fast=fused)
+                                                          value_residual=False, norm_layer=norm_layer)
         else:
             self.mlp = Mlp(dim, hidden, act_layer=nn.GELU, drop=drop)
         self.drop_path = DropPath(drop_path) if drop_path > 0. else nn.Identity()
@@ -376,31 +324,15 @@ class FANSwinBlock(nn.Module):
         """(B, H, W, C) -> (B, H, W, C)."""
         B, H, W, C = x.shape
         grid = WindowGrid.build(H, W, self.window_size, self.shift)
-        if self.attn.fused:
-            x = self._window_attention_gathered(x, grid)
-        else:
-            mask = window_attention_mask(grid, x.device)
-            windows = self.attn(partition_windows(self.norm1(x), grid), grid.num_windows, mask)
-            x = x + self.drop_path(merge_windows(windows, grid))
+        mask = window_attention_mask(grid, x.device)
+        windows = self.attn(partition_windows(self.norm1(x), grid), grid.num_windows, mask)
+        x = x + self.drop_path(merge_windows(windows, grid))
         tokens = self.norm2(x).reshape(B, H * W, C)
         if hasattr(self, 'channel_attn'):
             out = self.channel_attn(tokens, (H, W))
         else:
             out = self.mlp(tokens)
         return x + self.drop_path(out.reshape(B, H, W, C))
-
-    def _window_attention_gathered(self, x: Tensor, grid: WindowGrid) -> Tensor:
-        """x + W-MSA(LN(x)) with the windows gathered and scattered back by index (the fast path; the same
-        windows, biases and sums as partition/merge)."""
-        B, H, W, C = x.shape
-        gather = window_gather(grid, B, x.device, torch.is_inference_mode_enabled())
-        u = self.norm1(x)
-        if grid.padded_h > H or grid.padded_w > W:
-            u = F.pad(u, (0, 0, 0, grid.padded_w - W, 0, grid.padded_h - H))
-        windows = u.reshape(-1, C).index_select(0, gather.tokens).view(-1, grid.window_area, C)
-        windows = self.attn.forward_gathered(windows, gather.plain, gather.masks)
-        merged = windows.reshape(-1, C).index_select(0, gather.inverse).view(B, H, W, C)
-        return add_into(self.drop_path(merged), x)
 
 
 class FANSwinStage(nn.Module):
@@ -497,8 +429,8 @@ class FAN(AttentionBackbone):
             weights trained that way.
         pos_exponent: ``'paired'`` (the classifier's Fourier frequencies) or ``'linear'`` (the frequencies of
             the official detection/segmentation code, which differ from those its pretrained projection saw).
-        fused_attn: the fast path (True: ``scaled_dot_product_attention``, and the value MLPs by row strips at
-            inference on large maps) or the explicit reference path (False).
+        fused_attn: ``scaled_dot_product_attention`` (True) or the explicit softmax reference (False, the parity
+            oracle); None takes the global default (:mod:`~mmvisatt.models.layers.attention`).
         norm_cfg: the BatchNorm of the ViT stem and of the channel attention's depthwise convs
             (``dict(type='SyncBN')`` as in the official detection recipe).
         eta: initial layer scale of the FAN and class-attention blocks. cls_attn_layers, cls_tokens_norm: the
@@ -537,9 +469,10 @@ class FAN(AttentionBackbone):
                  drop_path_rate: float = 0.1, eta: float = 1., cls_attn_layers: int = 2,
                  cls_tokens_norm: bool = True, classifier: bool = False, out_indices: Sequence[int] = (0, 1, 2, 3),
                  out_norms: bool = True, out_type: str = 'featmap', unbiased_stem_norms: bool = True,
-                 pos_exponent: str = 'paired', window_size: int = 7, patch_size: int = 4, fused_attn: bool = True,
-                 feat_downsample: bool = True, norm_cfg: Optional[dict] = None, frozen_stages: int = -1,
-                 norm_eval: bool = False, with_cp: bool = False, init_cfg: Optional[dict] = None):
+                 pos_exponent: str = 'paired', window_size: int = 7, patch_size: int = 4,
+                 fused_attn: Optional[bool] = None, feat_downsample: bool = True, norm_cfg: Optional[dict] = None,
+                 frozen_stages: int = -1, norm_eval: bool = False, with_cp: bool = False,
+                 init_cfg: Optional[dict] = None):
         super().__init__(init_cfg=init_cfg)
         arch = self._resolve_form(arch, form)
         self.form = arch['form']
@@ -563,7 +496,7 @@ class FAN(AttentionBackbone):
         self.frozen_stages = frozen_stages
         self.norm_eval = norm_eval
         self.with_cp = with_cp
-        self.fused_attn = fused_attn
+        self.fused_attn = resolve_fused_attn(fused_attn)
         norm_cfg = norm_cfg or dict(type='BN')
         bn = partial(_build_bn, norm_cfg)
         dim, heads = arch['embed_dims'], arch['num_heads']
@@ -583,8 +516,8 @@ class FAN(AttentionBackbone):
             self.pos_embed = FourierPositionEncoding(dim, exponent=pos_exponent)
             self.pos_drop = nn.Dropout(drop_rate)
             self.blocks = nn.ModuleList([
-                FANBlock(dim, heads, mlp_ratio, qkv_bias, drop_rate, attn_drop_rate, drop_path_rate, eta, fused_attn,
-                         bn) for _ in range(depth)
+                FANBlock(dim, heads, mlp_ratio, qkv_bias, drop_rate, attn_drop_rate, drop_path_rate, eta,
+                         self.fused_attn, bn) for _ in range(depth)
             ])
             self.out_block = arch.get('out_block', depth - 1) % depth
             needs_cls = classifier or (self.form == 'hybrid' and 3 in self.out_indices)
@@ -592,7 +525,7 @@ class FAN(AttentionBackbone):
                 self.cls_token = nn.Parameter(torch.zeros(1, 1, dim))
                 self.cls_attn_blocks = nn.ModuleList([
                     ClassAttentionBlock(dim, heads, mlp_ratio, qkv_bias, drop_rate, attn_drop_rate, eta,
-                                        cls_tokens_norm, fused_attn) for _ in range(cls_attn_layers)
+                                        cls_tokens_norm, self.fused_attn) for _ in range(cls_attn_layers)
                 ])
             if classifier:
                 self.cls_norm = nn.LayerNorm(dim, eps=1e-6)

@@ -19,17 +19,18 @@ from timm.layers import DropPath, Mlp, trunc_normal_
 from torch import Tensor
 
 from mmvisatt.checkpoint import register_converter
+from ..layers.attention import resolve_fused_attn
 from ..layers.checkpoint import checkpoint
+from ..layers.patch import PatchEmbed, PatchMerging
 from ..layers.pooling_attention import PoolingResidualAttention
 from ..layers.residual_attention import (ALIGNERS, POOLED_ALIGNERS, PooledScores, ScoreFactors, WindowScores,
                                          mix_scores)
 from ..layers.simple_pyramid import PYRAMID_SCALES, SimpleFeaturePyramid
+from ..layers.window import WindowAttentionBase, WindowGrid, merge_windows, partition_windows, window_attention_mask
 from .base import AttentionBackbone, LayerOrder, init_transformer_weights, stage_layer_order
-from ..layers.window import (WindowGrid, merge_windows, partition_windows, relative_position_index,
-                             window_attention_mask)
 
 
-class WindowResidualAttention(nn.Module):
+class WindowResidualAttention(WindowAttentionBase):
     """Window multi-head self-attention whose scores are mixed with the previous layer's.
 
     There is no fused (scaled_dot_product_attention) path: the mixed scores must be materialised anyway to be
@@ -38,21 +39,12 @@ class WindowResidualAttention(nn.Module):
 
     def __init__(self, dim: int, num_heads: int, window_size: int, qkv_bias: bool = True,
                  attn_drop: float = 0., proj_drop: float = 0.):
-        super().__init__()
-        self.num_heads = num_heads
-        self.window_size = window_size
+        super().__init__(num_heads, window_size)
         self.scale = (dim // num_heads) ** -0.5
-        self.relative_position_bias_table = nn.Parameter(torch.zeros((2 * window_size - 1) ** 2, num_heads))
-        self.register_buffer('relative_position_index', relative_position_index(window_size), persistent=False)
         self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
         self.attn_drop = nn.Dropout(attn_drop)
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
-
-    def relative_position_bias(self) -> Tensor:
-        N = self.window_size ** 2
-        bias = self.relative_position_bias_table[self.relative_position_index.view(-1)]
-        return bias.view(N, N, -1).permute(2, 0, 1)
 
     def forward(self, x: Tensor, num_windows: int, mask: Optional[Tensor] = None,
                 residual: Optional[Tensor] = None, residual_valid: Optional[Tensor] = None,
@@ -72,22 +64,6 @@ class WindowResidualAttention(nn.Module):
         attn = self.attn_drop(attn.softmax(dim=-1))
         x = (attn @ v).transpose(1, 2).reshape(BW, N, C)
         return self.proj_drop(self.proj(x)), scores
-
-    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        # Checkpoints trained with another window size (e.g. 12 at 384 px) carry a table of another length.
-        key = prefix + 'relative_position_bias_table'
-        table = state_dict.get(key)
-        if table is not None and table.shape != self.relative_position_bias_table.shape:
-            state_dict[key] = resize_relative_position_table(table, 2 * self.window_size - 1)
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
-
-
-def resize_relative_position_table(table: Tensor, size: int) -> Tensor:
-    """Bicubically resize a ((2M-1)**2, heads) table to (size**2, heads)."""
-    old = int(table.shape[0] ** 0.5)
-    grid = table.t().reshape(1, -1, old, old).float()
-    grid = F.interpolate(grid, size=(size, size), mode='bicubic', align_corners=False)
-    return grid.reshape(-1, size * size).t().to(table.dtype)
 
 
 class ReSwinBlock(nn.Module):
@@ -122,22 +98,6 @@ class ReSwinBlock(nn.Module):
         return x, WindowScores(scores, grid)
 
 
-class PatchMerging(nn.Module):
-    """2x2 neighbourhood concat -> LayerNorm -> linear 4C -> 2C, padding odd sizes (Swin's order of the four)."""
-
-    def __init__(self, dim: int, out_dim: Optional[int] = None):
-        super().__init__()
-        self.norm = nn.LayerNorm(4 * dim)
-        self.reduction = nn.Linear(4 * dim, out_dim or 2 * dim, bias=False)
-
-    def forward(self, x: Tensor) -> Tensor:
-        """(B, H, W, C) -> (B, ceil(H/2), ceil(W/2), out_dim)."""
-        B, H, W, C = x.shape
-        x = F.pad(x, (0, 0, 0, W % 2, 0, H % 2))
-        x = torch.cat([x[:, 0::2, 0::2], x[:, 1::2, 0::2], x[:, 0::2, 1::2], x[:, 1::2, 1::2]], dim=-1)
-        return self.reduction(self.norm(x))
-
-
 class ReSwinStage(nn.Module):
     """Optional patch merging followed by ``depth`` blocks alternating W-MSA and SW-MSA."""
 
@@ -157,31 +117,6 @@ class ReSwinStage(nn.Module):
         for block in self.blocks:
             x, residual = checkpoint(block, x, residual, alpha, enabled=self.with_cp)
         return x, residual
-
-
-class PatchEmbed(nn.Module):
-    """Conv patch projection to channels-last tokens, optionally followed by a LayerNorm.
-
-    Non-overlapping patches (``stride`` = ``patch_size``, no ``padding``; Swin, ViT) pad the input to a multiple
-    of the patch; overlapping ones (MViTv2's 7x7 stride-4 conv with padding 3) give ceil(H / stride) rows as is.
-    """
-
-    def __init__(self, in_channels: int, embed_dims: int, patch_size: int, stride: Optional[int] = None,
-                 padding: int = 0, norm: bool = True):
-        super().__init__()
-        self.stride = stride or patch_size
-        self.pad_input = padding == 0 and self.stride == patch_size
-        self.proj = nn.Conv2d(in_channels, embed_dims, patch_size, self.stride, padding)
-        self.norm = nn.LayerNorm(embed_dims) if norm else nn.Identity()
-
-    def forward(self, x: Tensor) -> Tensor:
-        """(B, C_in, H, W) -> (B, ceil(H/stride), ceil(W/stride), C)."""
-        if self.pad_input:
-            s = self.stride
-            x = F.pad(x, (0, -x.shape[-1] % s, 0, -x.shape[-2] % s))
-        # Without a norm (ViT, MViTv2) the permuted view would be the residual stream itself, and every add,
-        # norm and projection after it would work across strides; one copy makes the tokens contiguous.
-        return self.norm(self.proj(x).permute(0, 2, 3, 1).contiguous())
 
 
 @MODELS.register_module()
@@ -305,11 +240,12 @@ class ReViTBlock(nn.Module):
     def __init__(self, dim: int, dim_out: int, num_heads: int, mlp_ratio: float = 4., qkv_bias: bool = True,
                  drop_path: float = 0., pool_kernel: Optional[Tuple[int, int]] = None,
                  stride_q: Tuple[int, int] = (1, 1), stride_kv: Tuple[int, int] = (1, 1),
-                 rel_pos_size: Optional[int] = None, residual_pooling: bool = False, residual_mode: str = 'aligned'):
+                 rel_pos_size: Optional[int] = None, residual_pooling: bool = False, residual_mode: str = 'aligned',
+                 fused_attn: bool = True):
         super().__init__()
         self.norm1 = nn.LayerNorm(dim, eps=1e-6)
         self.attn = PoolingResidualAttention(dim, dim_out, num_heads, qkv_bias, pool_kernel, stride_q, stride_kv,
-                                             rel_pos_size, residual_pooling, residual_mode)
+                                             rel_pos_size, residual_pooling, residual_mode, lean_scores=fused_attn)
         self.shortcut_proj = nn.Linear(dim, dim_out) if dim != dim_out else None
         if math.prod(stride_q) > 1:
             kernel = [s + 1 if s > 1 else s for s in stride_q]
@@ -387,6 +323,9 @@ class ReViT(AttentionBackbone):
         factor_run: with factors, fold them into one stored score map every ``factor_run`` blocks (the folding
             block makes its map anyway), which bounds the product's width; None never stores a map (least
             memory, most compute).
+        fused_attn: the lean score path (True; ``PoolingResidualAttention(lean_scores=True)``) or the plain
+            autograd composition of the same ops (False, the reference; factors then only where
+            ``carry_factors=True``); None takes the global default (:mod:`~mmvisatt.models.layers.attention`).
     """
     arch_zoo = {'b': dict(embed_dims=768, depth=12, num_heads=12)}
     _arch_keys = ('embed_dims', 'depth', 'num_heads')
@@ -399,7 +338,7 @@ class ReViT(AttentionBackbone):
                  alpha_init: float = 0.5, learnable_alpha: bool = True, out_indices: Sequence[int] = (0, 1, 2, 3),
                  frozen_stages: int = -1, norm_eval: bool = False, with_cp: bool = False,
                  carry_factors: Optional[bool] = None, factor_run: Optional[int] = 3,
-                 init_cfg: Optional[dict] = None):
+                 fused_attn: Optional[bool] = None, init_cfg: Optional[dict] = None):
         super().__init__(init_cfg=init_cfg)
         arch = self._resolve_arch(arch)
         dim, depth = arch['embed_dims'], arch['depth']
@@ -408,6 +347,7 @@ class ReViT(AttentionBackbone):
                              f'{factor_run}')
         self.carry_factors = carry_factors
         self.factor_run = factor_run
+        self.fused_attn = resolve_fused_attn(fused_attn)
         self.in_channels = in_channels
         self.patch_size = patch_size
         self.out_indices = self._check_out_indices(out_indices, len(PYRAMID_SCALES))
@@ -421,7 +361,8 @@ class ReViT(AttentionBackbone):
         self.alpha = _make_alpha(alpha_init, learnable_alpha)
         rates = torch.linspace(0, drop_path_rate, depth, device='cpu').tolist()
         self.blocks = nn.ModuleList([
-            ReViTBlock(dim, dim, arch['num_heads'], mlp_ratio, qkv_bias, drop_path=rates[i]) for i in range(depth)
+            ReViTBlock(dim, dim, arch['num_heads'], mlp_ratio, qkv_bias, drop_path=rates[i],
+                       fused_attn=self.fused_attn) for i in range(depth)
         ])
         self.pyramid = SimpleFeaturePyramid(dim, self.out_indices)
         self.num_features = self.pyramid.out_channels
@@ -451,7 +392,7 @@ class ReViT(AttentionBackbone):
         x = x + self._position_embedding(x.shape[1], x.shape[2])
         factors = self.carry_factors
         if factors is None:
-            factors = self.with_cp and x.requires_grad
+            factors = self.fused_attn and self.with_cp and x.requires_grad
         carried = ScoreFactors(run=self.factor_run) if factors else None
         x, _ = _run_blocks(self.blocks, x, carried, self.alpha, self.with_cp)
         levels = self.pyramid(x.permute(0, 3, 1, 2))
@@ -548,6 +489,8 @@ class ReMViTv2(AttentionBackbone):
             peak by 47% with steps no slower (by 63% with ``with_cp``, with steps about 9% longer); inference keeps
             the map path. True / False force it on / off (``residual_mode='aligned'`` only). The values are the
             same up to rounding.
+        fused_attn: the lean score path (True) or the plain autograd composition of the same ops (False, the
+            reference; handoff then only where ``handoff=True``), as in :class:`ReViT`.
         out_indices, frozen_stages, norm_eval, with_cp, drop_path_rate, init_cfg: as in ReSwinTransformer.
     """
     arch_zoo = {
@@ -566,7 +509,8 @@ class ReMViTv2(AttentionBackbone):
                  residual_pooling: bool = True, drop_path_rate: float = 0.1, residual_mode: str = 'aligned',
                  alpha_init: float = 0.5, learnable_alpha: bool = True, out_indices: Sequence[int] = (0, 1, 2, 3),
                  frozen_stages: int = -1, norm_eval: bool = False, with_cp: bool = False,
-                 handoff: Optional[bool] = None, init_cfg: Optional[dict] = None):
+                 handoff: Optional[bool] = None, fused_attn: Optional[bool] = None,
+                 init_cfg: Optional[dict] = None):
         super().__init__(init_cfg=init_cfg)
         arch = self._resolve_arch(arch)
         if handoff is not None and not isinstance(handoff, bool):
@@ -583,6 +527,7 @@ class ReMViTv2(AttentionBackbone):
         self.in_channels = in_channels
         self.patch_size = patch['stride']
         self.residual_mode = residual_mode
+        self.fused_attn = resolve_fused_attn(fused_attn)
         self.out_indices = self._check_out_indices(out_indices, num_stages)
         self.frozen_stages = frozen_stages
         self.norm_eval = norm_eval
@@ -604,11 +549,12 @@ class ReMViTv2(AttentionBackbone):
                 rel_pos_size = 2 * max(side // stride_q[1], side // kv_stride[1]) - 1 if rel_pos else None
                 blocks.append(
                     ReViTBlock(in_dim, dims[i], heads[i], mlp_ratio, qkv_bias, next(rates), _pair(pool_kernel),
-                               stride_q, kv_stride, rel_pos_size, residual_pooling, residual_mode))
+                               stride_q, kv_stride, rel_pos_size, residual_pooling, residual_mode,
+                               self.fused_attn))
                 side //= stride_q[1]
                 in_dim = dims[i]
             self.stages.append(ReMViTStage(blocks, with_cp))
-        self.handoff = handoff
+        self.handoff = False if handoff is None and not self.fused_attn else handoff
         attns = [block.attn for stage in self.stages for block in stage.blocks]
         for attn, nxt in zip(attns, attns[1:]):
             attn.next_block = (nxt.stride_q, nxt.stride_kv, nxt.num_heads)

@@ -13,19 +13,16 @@ from typing import Dict, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
-from mmcv.cnn import build_norm_layer
 from mmengine.logging import print_log
 from mmengine.registry import MODELS
-from timm.layers import DropPath
 from torch import Tensor
 
-from mmvisatt.checkpoint import load_pretrained, read_checkpoint, register_converter
+from mmvisatt.checkpoint import register_converter
+from ..layers.attention import attention, resolve_fused_attn
 from ..layers.checkpoint import checkpoint_seq
-from ..layers.inplace import add_into, gelu_into, linear_into
-from ..layers.spatial_decay import SpatialDecay, decayed_attention
-from ..layers.strips import row_strips, strip_rows
-from .base import AttentionBackbone, LayerOrder, init_transformer_weights, stage_layer_order
+from ..layers.retentive import ConvDownsample, ConvStem, RetentiveBlock
+from ..layers.spatial_decay import SpatialDecay
+from .base import DecayBackbone
 
 
 class RasterRotary(nn.Module):
@@ -63,7 +60,7 @@ class ManhattanSelfAttention(nn.Module):
         dim: channels (value width = dim).
         num_heads: heads; ``dim // num_heads`` must be even (rotary pairs).
         decomposed: attend along rows then columns (``chunkwise_recurrent`` in the RMT code).
-        fused: ``scaled_dot_product_attention`` (default) or the explicit softmax reference.
+        fused: ``scaled_dot_product_attention`` or the explicit softmax reference.
     """
 
     def __init__(self, dim: int, num_heads: int, decomposed: bool = False, fused: bool = True):
@@ -89,171 +86,15 @@ class ManhattanSelfAttention(nn.Module):
         v = v.view(B, H, W, self.num_heads, -1).permute(0, 3, 1, 2, 4)  # (B, heads, H, W, d)
         if self.decomposed:
             bias_h, bias_w = bias
-            rows = decayed_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), bias_w, self.fused)
-            cols = decayed_attention(q.permute(0, 3, 1, 2, 4), k.permute(0, 3, 1, 2, 4),
-                                     rows.permute(0, 3, 2, 1, 4), bias_h, self.fused)  # (B, W, heads, H, d)
+            rows = attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), bias_w, 1., fused=self.fused)
+            cols = attention(q.permute(0, 3, 1, 2, 4), k.permute(0, 3, 1, 2, 4), rows.permute(0, 3, 2, 1, 4), bias_h,
+                             1., fused=self.fused)  # (B, W, heads, H, d)
             out = cols.permute(0, 3, 1, 2, 4)
         else:
-            out = decayed_attention(q.flatten(2, 3), k.flatten(2, 3), v.flatten(2, 3), bias, self.fused)
+            out = attention(q.flatten(2, 3), k.flatten(2, 3), v.flatten(2, 3), bias, 1., fused=self.fused)
             out = out.transpose(1, 2)
         out = out.reshape(B, H, W, C)
-        return self.out_proj(add_into(lce, out) if self.fused else out + lce)
-
-
-def residual_depthwise(conv: nn.Conv2d, x: Tensor, fold: bool) -> Tensor:
-    """``x + conv(x)`` for a same-size depthwise ``conv`` on channels-last tokens (B, H, W, C).
-
-    ``fold=True`` computes it as one convolution whose kernel has 1 added to its centre tap, which is the same
-    function and the same gradients (up to rounding): it saves a pass over the map and a map-sized allocation,
-    about half the cost of the pair on the FFN's wide hidden map. ``fold=False`` is the literal sum the
-    reference path keeps.
-    """
-    if not fold:
-        return x + conv(x.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)
-    centre = conv.kernel_size[0] // 2, conv.kernel_size[1] // 2
-    identity = torch.zeros_like(conv.weight)
-    identity[:, :, centre[0], centre[1]] = 1
-    out = F.conv2d(x.permute(0, 3, 1, 2), conv.weight + identity, conv.bias, conv.stride, conv.padding,
-                   conv.dilation, conv.groups)
-    return out.permute(0, 2, 3, 1)
-
-
-class ConvFFN(nn.Module):
-    """fc1 -> GELU -> h + DWConv3x3(h) -> fc2, channels-last. ``fold`` is the fast path: the conv's residual folded
-    into it (:func:`residual_depthwise`), GELU in place and, at inference on large maps, row strips
-    (:mod:`~mmvisatt.models.layers.strips`)."""
-
-    def __init__(self, dim: int, hidden: int, fold: bool = False):
-        super().__init__()
-        self.fold = fold
-        self.fc1 = nn.Linear(dim, hidden)
-        self.act = nn.GELU()
-        self.dwconv = nn.Conv2d(hidden, hidden, 3, 1, 1, groups=hidden)
-        self.fc2 = nn.Linear(hidden, dim)
-
-    def forward(self, x: Tensor) -> Tensor:
-        rows = strip_rows(x, x.shape[1], x.shape[2] * self.fc1.out_features) if self.fold else None
-        if rows is not None:
-            return self._forward_strips(x, rows)
-        h = self.fc1(x)
-        # the fast path lets GELU overwrite fc1's output when no backward needs it: one wide map fewer to allocate
-        h = gelu_into(h) if self.fold else self.act(h)
-        return self.fc2(residual_depthwise(self.dwconv, h, self.fold))
-
-    def _forward_strips(self, x: Tensor, rows: int) -> Tensor:
-        """Inference on (B, H, W, C) by strips of ``rows`` rows (:mod:`~mmvisatt.models.layers.strips`): EVT-T's
-        FFN at 800x1216, one thread, 200 -> 120 ms in the first stage and 115 -> 80 ms in the second."""
-        B, H, W, _ = x.shape
-        out = x.new_empty(B, H, W, self.fc2.out_features)
-        for b in range(B):
-            for first, end, top, bottom in row_strips(H, rows, self.dwconv.padding[0]):
-                h = gelu_into(self.fc1(x[b:b + 1, top:bottom]))
-                h = residual_depthwise(self.dwconv, h, True)[0, first - top:end - top]
-                # fc2 writes its rows of the output directly
-                linear_into(self.fc2, h.reshape(-1, h.shape[-1]), out[b, first:end].view(-1, out.shape[-1]))
-        return out
-
-
-class RetentiveBlock(nn.Module):
-    """x += DWConv3x3(x) (CPE); x += ls1 * attn(LN(x)); x += ls2 * FFN(LN(x)), channels-last.
-
-    ``attn`` is any module called as ``attn(x, *context)`` with the context its stage prepares (MaSA here, EuSA
-    in EVT), so the two families share the block. ``fold`` computes the two depthwise convs' residuals inside the
-    convs (:func:`residual_depthwise`), part of the fast path.
-    """
-
-    def __init__(self, dim: int, attn: nn.Module, mlp_ratio: float, drop_path: float = 0.,
-                 layer_scale: Optional[float] = None, fold: bool = False):
-        super().__init__()
-        self.fold = fold
-        self.cpe = nn.Conv2d(dim, dim, 3, 1, 1, groups=dim)
-        self.norm1 = nn.LayerNorm(dim, eps=1e-6)
-        self.attn = attn
-        self.norm2 = nn.LayerNorm(dim, eps=1e-6)
-        self.ffn = ConvFFN(dim, int(mlp_ratio * dim), fold)
-        self.drop_path = DropPath(drop_path) if drop_path > 0. else nn.Identity()
-        if layer_scale is not None:
-            self.gamma_1 = nn.Parameter(torch.full((dim, ), float(layer_scale)))
-            self.gamma_2 = nn.Parameter(torch.full((dim, ), float(layer_scale)))
-        else:
-            self.gamma_1 = self.gamma_2 = None
-
-    def forward(self, x: Tensor, *context) -> Tensor:
-        x = residual_depthwise(self.cpe, x, self.fold)
-        x = self._residual(x, self.attn(self.norm1(x), *context), self.gamma_1)
-        return self._residual(x, self.ffn(self.norm2(x)), self.gamma_2)
-
-    def _residual(self, x: Tensor, y: Tensor, gamma: Optional[Tensor]) -> Tensor:
-        y = self.drop_path(y if gamma is None else gamma * y)
-        # y is a fresh output of a linear layer, scale or drop path: the fast path adds the residual into it
-        return add_into(y, x) if self.fold else x + y
-
-
-def conv_norm(conv: nn.Conv2d, norm: nn.BatchNorm2d, x: Tensor, fold: bool) -> Tensor:
-    """``norm(conv(x))``. With ``fold=True`` and a norm that uses its running statistics (eval mode, or
-    ``norm_eval`` in training) the normalisation is a per-channel affine map, so it goes into the conv's weight and
-    bias: one convolution writes the map once instead of twice. Same function and gradients, up to rounding; the
-    reference path (``fold=False``) and a norm in training mode (batch statistics) run the two modules."""
-    if not fold or norm.training or norm.running_var is None:
-        return norm(conv(x))
-    scale = torch.rsqrt(norm.running_var + norm.eps)
-    if norm.weight is not None:
-        scale = scale * norm.weight
-    shift = -norm.running_mean * scale if conv.bias is None else (conv.bias - norm.running_mean) * scale
-    if norm.bias is not None:
-        shift = shift + norm.bias
-    return F.conv2d(x, conv.weight * scale.view(-1, 1, 1, 1), shift, conv.stride, conv.padding, conv.dilation,
-                    conv.groups)
-
-
-class ConvStem(nn.Module):
-    """Four 3x3 convs (stride 2, 1, 2, 1; widths C/2, C/2, C, C), each with a BatchNorm (``norm_cfg``, default
-    ``BN``; the official dense code uses SyncBN), GELU after the first three: (B, C_in, H, W) ->
-    (B, ceil(H/4), ceil(W/4), C). ``fast``: the fast path's forms, channels-last maps, each norm folded into its
-    conv (:func:`conv_norm`) and GELU in place when no backward needs its input."""
-
-    def __init__(self, in_channels: int, dim: int, fast: bool = False, norm_cfg: Optional[dict] = None):
-        super().__init__()
-        self.fast = fast
-        half = dim // 2
-        layers = []
-        for i, (cin, cout, stride) in enumerate([(in_channels, half, 2), (half, half, 1), (half, dim, 2),
-                                                 (dim, dim, 1)]):
-            layers += [nn.Conv2d(cin, cout, 3, stride, 1), build_norm_layer(norm_cfg or dict(type='BN'), cout)[1]]
-            if i < 3:
-                layers.append(nn.GELU())
-        self.proj = nn.Sequential(*layers)
-
-    def forward(self, x: Tensor) -> Tensor:
-        if not self.fast:
-            x = self.proj(x)
-        else:
-            # oneDNN convolves channels-last maps without reordering them to its blocked layout and back (EVT-T's
-            # stem at 800x1216, one thread: 219 -> 151 ms), and the output is then already in token order
-            x = x.contiguous(memory_format=torch.channels_last)
-            # proj is conv, norm, GELU, ..., conv, norm (the layout the checkpoints' keys follow)
-            for start in range(0, len(self.proj), 3):
-                x = conv_norm(self.proj[start], self.proj[start + 1], x, fold=True)
-                if start + 2 < len(self.proj):
-                    x = gelu_into(x)
-        # A permuted NCHW map would keep every residual add, norm and projection of the stage working across
-        # strides (each add inherits its first operand's layout); one copy here makes the whole stage contiguous.
-        return x.permute(0, 2, 3, 1).contiguous()
-
-
-class ConvDownsample(nn.Module):
-    """3x3 stride-2 conv + BatchNorm (``norm_cfg``, default ``BN``): (B, H, W, C) -> (B, ceil(H/2), ceil(W/2),
-    C_out); ``fast`` folds the norm into the conv (:func:`conv_norm`)."""
-
-    def __init__(self, dim: int, out_dim: int, fast: bool = False, norm_cfg: Optional[dict] = None):
-        super().__init__()
-        self.fast = fast
-        self.reduction = nn.Conv2d(dim, out_dim, 3, 2, 1)
-        self.norm = build_norm_layer(norm_cfg or dict(type='BN'), out_dim)[1]
-
-    def forward(self, x: Tensor) -> Tensor:
-        # contiguous channels-last tokens for the next stage, as ConvStem
-        return conv_norm(self.reduction, self.norm, x.permute(0, 3, 1, 2), self.fast).permute(0, 2, 3, 1).contiguous()
+        return self.out_proj(out + lce)
 
 
 class RMTStage(nn.Module):
@@ -273,9 +114,9 @@ class RMTStage(nn.Module):
         self.decay = SpatialDecay(num_heads, init_value, heads_range)
         self.blocks = nn.ModuleList([
             RetentiveBlock(dim, ManhattanSelfAttention(dim, num_heads, decomposed, fused), mlp_ratio,
-                           drop_path[i], layer_scale, fold=fused) for i in range(depth)
+                           drop_path[i], layer_scale) for i in range(depth)
         ])
-        self.downsample = ConvDownsample(dim, out_dim, fast=fused, norm_cfg=norm_cfg) if out_dim else None
+        self.downsample = ConvDownsample(dim, out_dim, norm_cfg) if out_dim else None
 
     def context(self, height: int, width: int, dtype: torch.dtype) -> tuple:
         sin, cos = self.rotary(height, width, dtype)
@@ -291,89 +132,6 @@ class RMTStage(nn.Module):
         return x, (x if self.downsample is None else self.downsample(x))
 
 
-class DecayBackbone(AttentionBackbone):
-    """What RMT and EVT share: building from a preset, stage loop with output norms, freezing, init, loading."""
-    _family = ''
-    # Entries of release files chosen over plain 'model' weights when present (the EMA the papers report).
-    _release_keys = ('model_ema', )
-
-    def _setup(self, in_channels: int, dims: Sequence[int], out_indices: Optional[Sequence[int]],
-               frozen_stages: int, norm_eval: bool, out_norms: bool) -> None:
-        self.in_channels = in_channels
-        self.out_norms = out_norms
-        # None = every stage: (0, 1, 2, 3) for the presets, fewer for a shallower arch dict
-        out_indices = range(len(dims)) if out_indices is None else out_indices
-        self.out_indices = self._check_out_indices(out_indices, len(dims))
-        self.frozen_stages = frozen_stages
-        self.norm_eval = norm_eval
-        self.num_features = list(dims)
-
-    def _add_output_norms(self) -> None:
-        for i in self.out_indices if self.out_norms else ():
-            self.add_module(f'norm{i}', nn.LayerNorm(self.num_features[i]))
-
-    @property
-    def min_input_size(self) -> int:
-        # a stride-32 cell of a smaller image would be computed from padding more than from pixels
-        return 32
-
-    def forward(self, x: Tensor) -> Tuple[Tensor, ...]:
-        """(B, C_in, H, W) -> tuple of (B, num_features[i], ceil(H / 2**(i+2)), ceil(W / 2**(i+2)))."""
-        self._check_input(x)
-        x = self.patch_embed(x)
-        outs = []
-        for i, stage in enumerate(self.stages):
-            out, x = stage(x)
-            if i in self.out_indices:
-                if self.out_norms:
-                    out = getattr(self, f'norm{i}')(out)
-                outs.append(out.permute(0, 3, 1, 2).contiguous())
-        return tuple(outs)
-
-    def _freeze_stages(self):
-        if self.frozen_stages < 0:
-            return
-        frozen = [self.patch_embed] + [self.stages[i] for i in range(min(self.frozen_stages, len(self.stages)))]
-        if self.out_norms:
-            frozen += [getattr(self, f'norm{i}') for i in range(self.frozen_stages) if i in self.out_indices]
-        self._freeze(frozen)
-
-    def _layer_order(self) -> LayerOrder:
-        yield 'patch_embed', False
-        yield from stage_layer_order(self.stages, after=('downsample', ))
-
-    def _default_init(self) -> None:
-        init_transformer_weights(self)
-
-    def init_weights(self):
-        if self._init_from_cfg(self._family):
-            return
-        self._default_init()
-
-    def _init_from_cfg(self, family: str) -> bool:
-        cfg = self.init_cfg
-        if isinstance(cfg, dict) and cfg.get('type') == 'Pretrained':
-            checkpoint = cfg['checkpoint']
-            if isinstance(checkpoint, str):
-                checkpoint = read_checkpoint(checkpoint)
-            weights = select_release_weights(checkpoint, cfg.get('checkpoint_key', self._release_keys))
-            load_pretrained(self, weights, family=family, allow_missing=self.new_keys)
-            self._is_init = True
-            return True
-        return super()._init_from_cfg(family)
-
-
-def select_release_weights(checkpoint: dict, keys: Union[str, Sequence[str]]) -> dict:
-    """The entry of a training checkpoint to load: the first of ``keys`` present (e.g. ``'model_ema'``), else the
-    checkpoint itself (unwrapped later). The RMT/DeiT ``main.py`` saves both ``model`` and ``model_ema``;
-    the generic unwrapping would pick ``model``."""
-    for key in [keys] if isinstance(keys, str) else keys:
-        if isinstance(checkpoint.get(key), dict):
-            print_log(f"Using the '{key}' weights of the checkpoint", logger='current')
-            return checkpoint[key]
-    return checkpoint
-
-
 @MODELS.register_module()
 class RMT(DecayBackbone):
     """RMT as a multi-scale backbone (strides 4/8/16/32, NCHW, one LayerNorm per output).
@@ -387,12 +145,8 @@ class RMT(DecayBackbone):
         drop_path_rate: stochastic depth at the last block; None takes the preset's official value
             (0.1 / 0.15 / 0.4 / 0.5 for T / S / B / L, also what the official detection configs use).
         layer_init_values: initial layer-scale value where the arch has layer scale.
-        fused_attention: the fast path (True: ``scaled_dot_product_attention``, and the residual adds of the depthwise
-            convs and blocks in their allocation-saving forms, :func:`residual_depthwise` and
-            :func:`~mmvisatt.models.layers.inplace.add_into`, a channels-last stem, and the stem's and downsampling's
-            BatchNorms folded into their convs when they use running statistics, :func:`conv_norm`, and at CPU
-            inference the FFN of large maps by row strips, :class:`ConvFFN`) or the explicit softmax reference with
-            literal adds and separate norms, the parity oracle.
+        fused_attn: ``scaled_dot_product_attention`` (True) or the explicit softmax reference (False, the parity
+            oracle); None takes the global default (:mod:`~mmvisatt.models.layers.attention`).
         out_norms: a LayerNorm per output (dense tasks, as the official ``extra_norms``); False returns the raw
             stage outputs, which the official classifier reads (with :class:`RMTProjectionNeck`).
         out_indices: outputs to return (default: all stages, i.e. (0, 1, 2, 3)).
@@ -424,7 +178,7 @@ class RMT(DecayBackbone):
     new_keys = ('norm0.*', 'norm1.*', 'norm2.*', 'norm3.*')
 
     def __init__(self, arch: Union[str, dict] = 't', in_channels: int = 3, drop_path_rate: Optional[float] = None,
-                 layer_init_values: float = 1e-6, fused_attention: bool = True, out_norms: bool = True,
+                 layer_init_values: float = 1e-6, fused_attn: Optional[bool] = None, out_norms: bool = True,
                  out_indices: Optional[Sequence[int]] = None, frozen_stages: int = -1, norm_eval: bool = False,
                  with_cp: bool = False, norm_cfg: Optional[dict] = None, init_cfg: Optional[dict] = None):
         super().__init__(init_cfg=init_cfg)
@@ -441,7 +195,8 @@ class RMT(DecayBackbone):
         self._setup(in_channels, dims, out_indices, frozen_stages, norm_eval, out_norms)
         rate = arch['drop_path_rate'] if drop_path_rate is None else drop_path_rate
         rates = torch.linspace(0, rate, sum(depths)).tolist()
-        self.patch_embed = ConvStem(in_channels, dims[0], fast=fused_attention, norm_cfg=norm_cfg)
+        self.fused_attn = resolve_fused_attn(fused_attn)
+        self.patch_embed = ConvStem(in_channels, dims[0], norm_cfg)
         self.stages = nn.ModuleList()
         for i in range(n):
             start = sum(depths[:i])
@@ -449,7 +204,7 @@ class RMT(DecayBackbone):
                 dims[i], dims[i + 1] if i < n - 1 else None, depths[i], heads[i], per_stage['mlp_ratios'][i],
                 per_stage['init_values'][i], per_stage['heads_ranges'][i], per_stage['decomposed'][i],
                 rates[start:start + depths[i]], layer_init_values if per_stage['layer_scales'][i] else None,
-                with_cp, fused_attention, norm_cfg))
+                with_cp, self.fused_attn, norm_cfg))
         self._add_output_norms()
         self._freeze_stages()
 

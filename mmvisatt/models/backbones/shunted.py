@@ -31,6 +31,7 @@ from timm.layers import DropPath
 from torch import Tensor
 
 from mmvisatt.checkpoint import register_converter
+from ..layers.attention import resolve_fused_attn
 from ..layers.checkpoint import checkpoint, checkpoint_seq
 from ..layers.layout import map_to_tokens, tokens_to_map
 from ..layers.shunted_attention import ODD_SIZES, ShuntedAttention, check_choice
@@ -72,11 +73,11 @@ class ShuntedBlock(nn.Module):
 
     def __init__(self, dim: int, num_heads: int, sr_ratio: int, mlp_ratio: float = 4., qkv_bias: bool = True,
                  qk_scale: Optional[float] = None, drop: float = 0., attn_drop: float = 0., drop_path: float = 0.,
-                 norm_eps: float = 1e-6, odd_size: str = 'pad', attn_impl: str = 'sdpa'):
+                 norm_eps: float = 1e-6, odd_size: str = 'pad', fused_attn: bool = True):
         super().__init__()
         self.norm1 = nn.LayerNorm(dim, eps=norm_eps)
         self.attn = ShuntedAttention(dim, num_heads, shunted_rates(sr_ratio), qkv_bias, qk_scale, attn_drop, drop,
-                                     odd_size, attn_impl)
+                                     odd_size, fused_attn)
         self.drop_path = DropPath(drop_path) if drop_path > 0. else nn.Identity()
         self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
         self.mlp = DetailSpecificFFN(dim, int(dim * mlp_ratio), drop)
@@ -156,7 +157,8 @@ class ShuntedTransformer(AttentionBackbone):
         norm_eps: eps of the block and stage LayerNorms (1e-6 in all official models; the stem, patch-embedding
             and aggregation LayerNorms keep the default 1e-5, as in the official code).
         odd_size: ``'pad'`` (default) or ``'floor'`` (official), see the module docstring.
-        attn_impl: ``'sdpa'`` (fused attention per head group) or ``'explicit'`` (reference softmax).
+        fused_attn: ``scaled_dot_product_attention`` per head group (True) or the explicit softmax reference
+            (False, the parity oracle); None takes the global default (:mod:`~mmvisatt.models.layers.attention`).
         norm_cfg: norm of the stem convs (BatchNorm; e.g. ``dict(type='SyncBN')`` for distributed training).
         drop_rate, attn_drop_rate, drop_path_rate: dropout after FFN/projection, on attention probabilities, and
             the largest stochastic-depth rate (linearly increasing over all blocks).
@@ -181,7 +183,7 @@ class ShuntedTransformer(AttentionBackbone):
 
     def __init__(self, arch: Union[str, dict] = 't', in_channels: int = 3, qkv_bias: bool = True,
                  qk_scale: Optional[float] = None, norm_eps: float = 1e-6, odd_size: str = 'pad',
-                 attn_impl: str = 'sdpa', norm_cfg: Optional[dict] = None, drop_rate: float = 0.,
+                 fused_attn: Optional[bool] = None, norm_cfg: Optional[dict] = None, drop_rate: float = 0.,
                  attn_drop_rate: float = 0., drop_path_rate: float = 0.1, out_indices: Sequence[int] = (0, 1, 2, 3),
                  frozen_stages: int = -1, norm_eval: bool = False, with_cp: bool = False,
                  init_cfg: Optional[dict] = None):
@@ -196,6 +198,7 @@ class ShuntedTransformer(AttentionBackbone):
         self.frozen_stages = frozen_stages
         self.norm_eval = norm_eval
         self.num_features = list(dims)
+        self.fused_attn = resolve_fused_attn(fused_attn)
 
         rates = iter(torch.linspace(0, drop_path_rate, sum(depths), device='cpu').tolist())
         self.stages = nn.ModuleList()
@@ -206,7 +209,8 @@ class ShuntedTransformer(AttentionBackbone):
                 patch_embed = OverlapPatchEmbed(dims[i - 1], dims[i])
             blocks = [
                 ShuntedBlock(dims[i], heads[i], self.sr_ratios[i], arch['mlp_ratios'][i], qkv_bias, qk_scale,
-                             drop_rate, attn_drop_rate, next(rates), norm_eps, odd_size, attn_impl)
+                             drop_rate, attn_drop_rate, next(rates), norm_eps, odd_size,
+                             self.fused_attn)
                 for _ in range(depths[i])
             ]
             self.stages.append(ShuntedStage(patch_embed, blocks, dims[i], norm_eps, with_cp))

@@ -1,9 +1,8 @@
 """Attention over tokens and over channels, the two mixers of Fully Attentional Networks (Zhou et al.,
 "Understanding The Robustness in Vision Transformers", ICML 2022).
 
-Token attention is multi-head self-attention. :func:`multi_head_attention` holds a fused path
-(``scaled_dot_product_attention``) and the explicit reference path; every attention module here and in the
-families takes ``fused`` to pick one.
+Token attention is multi-head self-attention (:func:`~mmvisatt.models.layers.attention.attention`, fused or
+explicit by ``fused``).
 
 The efficient channel attention (the paper's Eq. 7) gives every channel one gate from the whole image and
 multiplies it onto a value branch. Per head of ``d`` channels, with ``x`` the (normalised) input tokens::
@@ -16,51 +15,14 @@ multiplies it onto a value branch. Per head of ``d`` channels, with ``x`` the (n
 ``q_hat`` and ``k_hat`` are distributions over the N tokens, so the sigmoid's argument is about 1/N: the gate
 sits near 0.5 plus a small input-dependent term and ``temperature`` carries most of its scale.
 """
-from typing import Callable, Optional, Tuple
+from typing import Callable, Tuple
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from torch import Tensor
 
+from .attention import attention
 from .layout import map_to_tokens, tokens_to_map
-from .inplace import linear_into
-from .strips import row_strips, strip_rows
-
-
-def multi_head_attention(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor] = None, dropout: float = 0.,
-                         fused: bool = True) -> Tensor:
-    """softmax(q k^T / sqrt(d) + bias) v.
-
-    q: (B, heads, N_q, d); k, v: (B, heads, N_k, d); bias: additive, broadcastable to (B, heads, N_q, N_k).
-    Returns (B, heads, N_q, d). More leading dims (e.g. (B, windows, heads, N, d)) are batch dims too.
-    ``fused`` selects ``scaled_dot_product_attention``; the explicit path scales q before the product, as the
-    reference implementations do.
-    """
-    if bias is not None:
-        bias = bias.to(q.dtype)
-    if fused:
-        if q.dim() > 4:
-            # PyTorch's CPU flash kernel takes 4-d inputs only (others go to the math kernel, slower than the
-            # explicit path), so the leading dims join the batch: views, and a view of the bias where it does
-            # not repeat (FAN-Swin's per-window bias for one image)
-            lead = q.shape[:-3]
-            q, k, v = (t.flatten(0, len(lead) - 1) for t in (q, k, v))
-            if bias is not None:
-                bias = bias.reshape((1, ) * (3 - bias.dim()) + tuple(bias.shape))
-                bias = bias.expand(*lead, *bias.shape[-3:]).flatten(0, len(lead) - 1)
-            return multi_head_attention(q, k, v, bias, dropout).unflatten(0, lead)
-        if bias is not None and q.dim() == 4 and bias.dim() < 4:
-            # PyTorch's CPU flash kernel only takes a 4-d mask; others fall back to the slow math kernel.
-            bias = bias.reshape((1, ) * (4 - bias.dim()) + tuple(bias.shape))
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout)
-    scores = (q * q.shape[-1] ** -0.5) @ k.transpose(-2, -1)
-    if bias is not None:
-        scores = scores + bias
-    attn = scores.softmax(dim=-1)
-    if dropout:
-        attn = F.dropout(attn, dropout)
-    return attn @ v
 
 
 class TokenAttention(nn.Module):
@@ -86,7 +48,7 @@ class TokenAttention(nn.Module):
         h = self.num_heads
         q = self.q(x).reshape(B, N, h, C // h).transpose(1, 2)
         k, v = self.kv(x).reshape(B, N, 2, h, C // h).permute(2, 0, 3, 1, 4)
-        out = multi_head_attention(q, k, v, dropout=self.attn_drop if self.training else 0., fused=self.fused)
+        out = attention(q, k, v, dropout=self.attn_drop if self.training else 0., fused=self.fused)
         return self.proj_drop(self.proj(out.transpose(1, 2).reshape(B, N, C)))
 
 
@@ -121,59 +83,25 @@ class ConvValueMlp(nn.Module):
     """The value branch of the channel attention: fc1 -> (identity +) gamma * depthwise convs -> fc2.
 
     There is no activation after ``fc1`` (FAN's released models were trained so). ``residual=False`` drops the
-    identity around the depthwise convolutions, as FAN's Swin variant does. ``strips`` (a fast-path form) runs
-    inference on large maps a band of rows at a time (:mod:`~mmvisatt.models.layers.strips`).
+    identity around the depthwise convolutions, as FAN's Swin variant does.
     """
 
     def __init__(self, dim: int, hidden_dim: int, residual: bool = True, drop: float = 0.,
-                 norm_layer: Callable[[int], nn.Module] = nn.BatchNorm2d, strips: bool = False):
+                 norm_layer: Callable[[int], nn.Module] = nn.BatchNorm2d):
         super().__init__()
         self.residual = residual
-        self.strips = strips
         self.fc1 = nn.Linear(dim, hidden_dim)
         self.dwconv = DepthwiseConvBlock(hidden_dim, norm_layer)
         self.gamma = nn.Parameter(torch.ones(hidden_dim))
         self.fc2 = nn.Linear(hidden_dim, dim)
         self.drop = nn.Dropout(drop)
 
-    def forward(self, x: Tensor, size: Tuple[int, int], norm: Optional[nn.Module] = None,
-                scale: Optional[Tensor] = None) -> Tensor:
-        """(B, N, C) -> (B, N, C); with ``norm`` and ``scale`` (B, 1, C): ``norm(out) * scale`` (the channel
-        attention's epilogue, which strips apply to their own rows)."""
-        # in training mode the BatchNorm would take statistics per strip (and dropout is on): one pass
-        if self.strips and not self.training:
-            rows = strip_rows(x, size[0], size[1] * self.fc1.out_features)
-            if rows is not None:
-                return self._forward_strips(x, size, rows, norm, scale)
+    def forward(self, x: Tensor, size: Tuple[int, int]) -> Tensor:
+        """(B, N, C) -> (B, N, C)."""
         x = self.fc1(x)
         conv = self.gamma * self.dwconv(x, size)
         x = self.drop(x + conv if self.residual else conv)
-        x = self.drop(self.fc2(x))
-        return x if norm is None else norm(x) * scale
-
-    def _forward_strips(self, x: Tensor, size: Tuple[int, int], rows: int, norm: Optional[nn.Module],
-                        scale: Optional[Tensor]) -> Tensor:
-        """Inference by strips of ``rows`` rows, each read with the halo rows of both 3x3 convs: FAN-Swin-T's first
-        stage at 800x1216 has a 93 MB wide map per block."""
-        B, N, C = x.shape
-        H, W = size
-        x = x.reshape(B, H, W, C)
-        out = x.new_empty(B, N, self.fc2.out_features)
-        halo = self.dwconv.conv1.padding[0] + self.dwconv.conv2.padding[0]
-        for b in range(B):
-            for first, end, top, bottom in row_strips(H, rows, halo):
-                h = self.fc1(x[b:b + 1, top:bottom].flatten(1, 2))
-                keep = slice((first - top) * W, (end - top) * W)
-                # the conv output is fresh: scale it and add the identity into it (same products and sums)
-                conv = self.dwconv(h, (bottom - top, W))[:, keep].mul_(self.gamma)
-                if self.residual:
-                    conv.add_(h[:, keep])
-                rows_out = out[b, first * W:end * W]
-                if norm is None:
-                    linear_into(self.fc2, conv.reshape(-1, conv.shape[-1]), rows_out)
-                else:
-                    torch.mul(norm(self.fc2(conv[0])), scale[b], out=rows_out)
-        return out
+        return self.drop(self.fc2(x))
 
 
 class EfficientChannelAttention(nn.Module):
@@ -187,20 +115,18 @@ class EfficientChannelAttention(nn.Module):
         value_norm_eps: eps of the value LayerNorm (1e-5 in FAN's released models, while its other norms use
             1e-6).
         norm_layer: the normalisation between the depthwise convs (BatchNorm2d, or SyncBatchNorm).
-        fast: the fast path's inference form: the value MLP, with the value norm and the gate, by row strips on
-            large maps (:class:`ConvValueMlp`).
     """
 
     def __init__(self, dim: int, num_heads: int, hidden_dim: int, qkv_bias: bool = True, attn_drop: float = 0.,
                  drop: float = 0., value_residual: bool = True, value_norm_eps: float = 1e-5,
-                 norm_layer: Callable[[int], nn.Module] = nn.BatchNorm2d, fast: bool = False):
+                 norm_layer: Callable[[int], nn.Module] = nn.BatchNorm2d):
         super().__init__()
         if dim % num_heads:
             raise ValueError(f'dim {dim} is not divisible by num_heads {num_heads}')
         self.num_heads = num_heads
         self.temperature = nn.Parameter(torch.ones(num_heads, 1, 1))
         self.q = nn.Linear(dim, dim, bias=qkv_bias)
-        self.mlp_v = ConvValueMlp(dim, hidden_dim, value_residual, drop, norm_layer, strips=fast)
+        self.mlp_v = ConvValueMlp(dim, hidden_dim, value_residual, drop, norm_layer)
         self.norm_v = nn.LayerNorm(dim, eps=value_norm_eps)
         self.attn_drop = nn.Dropout(attn_drop)
 
@@ -211,8 +137,4 @@ class EfficientChannelAttention(nn.Module):
 
     def forward(self, x: Tensor, size: Tuple[int, int]) -> Tensor:
         """(B, N, C) tokens of an (H, W) = ``size`` map -> (B, N, C)."""
-        if not self.training:
-            # no dropout, so the gate may come first: the value MLP then applies the value LayerNorm and the gate
-            # to each of its strips (when it runs by strips)
-            return self.mlp_v(x, size, self.norm_v, self.gate(x))
         return self.norm_v(self.mlp_v(x, size)) * self.gate(x)

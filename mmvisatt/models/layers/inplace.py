@@ -1,7 +1,5 @@
-"""In-place arithmetic that gives exactly the out-of-place result, for the fast and lean paths."""
+"""In-place arithmetic that gives exactly the out-of-place result, for the lean score path."""
 import torch
-import torch.nn as nn
-import torch.nn.functional as F
 from torch import Tensor
 
 
@@ -17,20 +15,3 @@ def add_into(t: Tensor, other: Tensor) -> Tensor:
     if t.dtype == torch.result_type(t, other) and torch.broadcast_shapes(t.shape, other.shape) == t.shape:
         return t.add_(other)
     return t + other
-
-
-def gelu_into(x: Tensor) -> Tensor:
-    """Exact (erf) GELU of ``x``, written into ``x`` when no backward will need ``x`` (autograd off, or ``x`` not
-    part of the graph); otherwise out of place, since GELU's backward reads its input. ``x`` must be a map the
-    caller just made, as for :func:`add_into`."""
-    if torch.is_grad_enabled() and x.requires_grad:
-        return F.gelu(x)
-    return torch.ops.aten.gelu_(x)
-
-
-def linear_into(layer: nn.Linear, x: Tensor, out: Tensor) -> Tensor:
-    """``layer(x)`` for 2-d ``x``, written into ``out`` (rows of a larger output, e.g. one strip's): the same
-    product and bias as the layer computes."""
-    if layer.bias is None:
-        return torch.mm(x, layer.weight.t(), out=out)
-    return torch.addmm(layer.bias, x, layer.weight.t(), out=out)

@@ -17,9 +17,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
+from .attention import attention
 from .layout import tokens_to_map
 
-ATTN_IMPLS = ('sdpa', 'explicit')
 ODD_SIZES = ('pad', 'floor')
 
 
@@ -27,18 +27,6 @@ def check_choice(name: str, value: str, choices: Sequence[str]) -> str:
     if value not in choices:
         raise ValueError(f"{name} must be one of {list(choices)}, got '{value}'")
     return value
-
-
-def attend(q: Tensor, k: Tensor, v: Tensor, scale: float, impl: str, dropout: nn.Dropout) -> Tensor:
-    """Softmax attention; q: (B, h, N, d), k and v: (B, h, M, d) -> (B, h, N, d).
-
-    ``'sdpa'`` uses the fused kernel; ``'explicit'`` materialises the (B, h, N, M) probabilities (the reference).
-    """
-    if impl == 'sdpa':
-        p = dropout.p if dropout.training else 0.
-        return F.scaled_dot_product_attention(q, k, v, dropout_p=p, scale=scale)
-    attn = ((q @ k.transpose(-2, -1)) * scale).softmax(dim=-1)
-    return dropout(attn) @ v
 
 
 def local_enhance(v: Tensor, conv: nn.Conv2d, size: Tuple[int, int]) -> Tensor:
@@ -96,12 +84,12 @@ class ShuntedAttention(nn.Module):
         rates: aggregation rate of each head group, e.g. (8, 4); () for plain attention.
         qkv_bias: biases of ``q`` and the key/value projections. qk_scale: overrides head_dim ** -0.5.
         odd_size: ``'pad'`` or ``'floor'``, see the module docstring.
-        attn_impl: ``'sdpa'`` (fused) or ``'explicit'`` (reference softmax path).
+        fused: ``scaled_dot_product_attention`` or the explicit softmax reference.
     """
 
     def __init__(self, dim: int, num_heads: int, rates: Sequence[int] = (), qkv_bias: bool = False,
                  qk_scale: Optional[float] = None, attn_drop: float = 0., proj_drop: float = 0., odd_size: str = 'pad',
-                 attn_impl: str = 'sdpa'):
+                 fused: bool = True):
         super().__init__()
         if dim % num_heads:
             raise ValueError(f'dim {dim} must be divisible by num_heads {num_heads}')
@@ -110,7 +98,7 @@ class ShuntedAttention(nn.Module):
         self.num_heads = num_heads
         self.head_dim = dim // num_heads
         self.scale = qk_scale or self.head_dim ** -0.5
-        self.attn_impl = check_choice('attn_impl', attn_impl, ATTN_IMPLS)
+        self.fused = fused
         self.q = nn.Linear(dim, dim, bias=qkv_bias)
         heads_per_group = num_heads // max(len(rates), 1)
         self.groups = nn.ModuleList(
@@ -129,10 +117,14 @@ class ShuntedAttention(nn.Module):
         if len(self.groups):
             image = tokens_to_map(x, size)
             out = torch.cat([
-                attend(q_g, *group(image), self.scale, self.attn_impl, self.attn_drop)
+                attention(q_g, *group(image), scale=self.scale, dropout=self._dropout(), fused=self.fused)
                 for q_g, group in zip(q.chunk(len(self.groups), dim=1), self.groups)
             ], dim=1)
         else:
             k, v = self.kv(x).reshape(B, N, 2, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-            out = attend(q, k, v, self.scale, self.attn_impl, self.attn_drop) + local_enhance(v, self.local_conv, size)
+            out = attention(q, k, v, scale=self.scale, dropout=self._dropout(), fused=self.fused)
+            out = out + local_enhance(v, self.local_conv, size)
         return self.proj_drop(self.proj(out.transpose(1, 2).reshape(B, N, C)))
+
+    def _dropout(self) -> float:
+        return self.attn_drop.p if self.training else 0.

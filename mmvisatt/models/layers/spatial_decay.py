@@ -3,7 +3,7 @@
 A head with decay ``gamma`` (0 < gamma < 1) weights key ``m`` for query ``n`` by ``gamma ** d(n, m)``. Like the
 RMT code (and RetNet), the weight is applied in log space before the softmax, ``softmax(q k^T + d * log gamma)``,
 which is ``softmax(q k^T) * gamma ** d`` renormalised per row. The bias is therefore an additive float mask and
-the fast path is ``scaled_dot_product_attention``; :func:`decayed_attention` keeps the explicit softmax beside it.
+the fused path is ``scaled_dot_product_attention``, beside the explicit softmax (:mod:`.attention`).
 
 Distances come in three forms:
 
@@ -181,13 +181,14 @@ def group_runs(groups: TokenGroups) -> Tuple[GroupRun, ...]:
 
 def grouped_attention_fused(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, groups: TokenGroups,
                             num_heads: int) -> Tensor:
-    """:func:`decayed_attention` within the groups of ``groups``, fused, reading the groups as strided views.
+    """Decayed attention (``k`` pre-scaled) within the groups of ``groups``, fused, reading the groups as strided
+    views.
 
     q, k, v: (B, N, C) raster-ordered (``k`` scaled), C = heads * d; bias: (heads, G, g, g). Returns (B, N, C).
     Gathering, padding and permuting the tokens into (B * heads * G, g, d), as the reference path does, costs more
-    than the fused kernel itself on groups this short (EVT-T's first stage at 800x1216, one thread: 459 ms per
-    block that way, 247 ms this way), and the kernel takes strided inputs; so each run of regularly spaced groups
-    is handed to it as a view of the projections, and its output is written once, in raster order. The padded
+    than the fused kernel itself on groups this short (docs/performance.md), and the kernel takes strided inputs;
+    so each run of regularly spaced groups is handed to it as a view of the projections, and its output is
+    written once, in raster order. The padded
     keys of the reference path carry a bias of :data:`BIAS_FLOOR` (softmax weight exactly 0), so leaving them out
     changes no real query's result.
     """
@@ -207,27 +208,6 @@ def grouped_attention_fused(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, group
             result = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, scale=1.0)
             out.as_strided(size, stride, out.storage_offset() + offset).copy_(result.transpose(1, 2))
     return out
-
-
-def decayed_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, fused: bool = True) -> Tensor:
-    """``softmax(q k^T + bias) v`` over the last two dims; ``q`` and ``k`` come scaled (no extra 1/sqrt(d)).
-
-    q, k: (..., N, d); v: (..., N, d_v); bias broadcastable to (..., N, N). ``fused`` uses
-    ``scaled_dot_product_attention`` with the bias as a float ``attn_mask``; otherwise the explicit reference.
-    """
-    bias = bias.to(q.dtype)
-    if fused:
-        lead = q.shape[:-3]
-        if q.dim() > 4 and bias.dim() <= 3:
-            # the fused kernels take (batch, heads, N, d); extra leading dims fold into the batch
-            q, k, v = (t.reshape(-1, *t.shape[-3:]) for t in (q, k, v))
-        if q.dim() == 4:
-            # PyTorch's CPU flash kernel only takes a 4-d mask; a (heads, N, N) one sends the call to the
-            # unfused math fallback, several times slower than even the explicit path.
-            bias = bias.reshape((1, ) * (4 - bias.dim()) + tuple(bias.shape))
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=1.0)
-        return out.view(*lead, *out.shape[-3:])
-    return torch.softmax(q @ k.transpose(-2, -1) + bias, dim=-1) @ v
 
 
 class SpatialDecay(nn.Module):

@@ -7,6 +7,7 @@ from functools import lru_cache
 from typing import NamedTuple, Optional
 
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
@@ -140,47 +141,35 @@ def window_slot_of(y: Tensor, x: Tensor, grid: WindowGrid):
     return window, slot
 
 
-class WindowGather(NamedTuple):
-    """A batch's (shifted, padded) window partition as row indices, for the fast paths.
-
-    ``tokens`` (B * num_windows * N,) reads every window slot from the batch's padded maps flattened to rows,
-    every image's windows whose mask is all zero first (``plain`` windows in all), then the others;
-    ``masks`` (B * num_windows - plain, N, N) holds the others' masks in that order (None when there are none);
-    ``inverse`` (B * H * W,) reads every real token back from the windows' rows.
-
-    One gather replaces the pad-shift-partition copies, and grouping the plain windows lets them share one
-    (heads, N, N) bias: the attention kernel then reads a few kB of bias instead of a (windows, heads, N, N)
-    tensor as large as the scores (FAN-Swin-T's first stage at 800x1216: 37 MB, rebuilt in every block).
-    """
-    tokens: Tensor
-    inverse: Tensor
-    plain: int
-    masks: Optional[Tensor]
+def resize_relative_position_table(table: Tensor, size: int) -> Tensor:
+    """Bicubically resize a ((2M-1)**2, heads) table to (size**2, heads)."""
+    old = int(table.shape[0] ** 0.5)
+    grid = table.t().reshape(1, -1, old, old).float()
+    grid = F.interpolate(grid, size=(size, size), mode='bicubic', align_corners=False)
+    return grid.reshape(-1, size * size).t().to(table.dtype)
 
 
-@lru_cache(maxsize=16)
-def window_gather(grid: WindowGrid, batch: int, device: Optional[torch.device] = None,
-                  inference: bool = False) -> WindowGather:
-    """The :class:`WindowGather` of ``batch`` maps cut as ``grid`` says. Cached and shared: do not modify.
-    ``inference``: whether inference mode is on (its tensors cannot be saved for a later backward, so the two
-    modes get entries of their own)."""
-    mask = window_attention_mask(grid, device)
-    ys, xs = window_token_coords(grid, device)
-    rows = ys * grid.padded_w + xs  # (num_windows, N) rows of one padded map
-    per_image = grid.padded_h * grid.padded_w
-    offsets = torch.arange(batch, device=device).view(-1, 1, 1) * per_image
-    if mask is None:
-        plain_ids, other_ids = torch.arange(grid.num_windows, device=device), None
-    else:
-        is_plain = (mask == 0).flatten(1).all(dim=1)
-        plain_ids, other_ids = is_plain.nonzero().flatten(), (~is_plain).nonzero().flatten()
-    parts = [(rows[plain_ids] + offsets).flatten()]
-    masks = None
-    if other_ids is not None and other_ids.numel():
-        parts.append((rows[other_ids] + offsets).flatten())
-        masks = mask[other_ids].repeat(batch, 1, 1)
-    tokens = torch.cat(parts)
-    slot = torch.empty_like(tokens)
-    slot[tokens] = torch.arange(tokens.numel(), device=device)
-    inverse = slot.view(batch, grid.padded_h, grid.padded_w)[:, :grid.height, :grid.width].flatten()
-    return WindowGather(tokens, inverse, batch * plain_ids.numel(), masks)
+class WindowAttentionBase(nn.Module):
+    """What Swin-style window attentions share: the learned relative-position bias of a ``window_size`` window
+    (``relative_position_bias_table``, the checkpoints' key, indexed by a non-persistent buffer), resized on load
+    when a checkpoint was trained with another window size (e.g. 12 at 384 px)."""
+
+    def __init__(self, num_heads: int, window_size: int):
+        super().__init__()
+        self.num_heads = num_heads
+        self.window_size = window_size
+        self.relative_position_bias_table = nn.Parameter(torch.zeros((2 * window_size - 1) ** 2, num_heads))
+        self.register_buffer('relative_position_index', relative_position_index(window_size), persistent=False)
+
+    def relative_position_bias(self) -> Tensor:
+        """(heads, N, N) bias of the window's token pairs, N = window_size ** 2."""
+        N = self.window_size ** 2
+        bias = self.relative_position_bias_table[self.relative_position_index.view(-1)]
+        return bias.view(N, N, -1).permute(2, 0, 1)
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        key = prefix + 'relative_position_bias_table'
+        table = state_dict.get(key)
+        if table is not None and table.shape != self.relative_position_bias_table.shape:
+            state_dict[key] = resize_relative_position_table(table, 2 * self.window_size - 1)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)

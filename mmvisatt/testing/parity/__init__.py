@@ -15,11 +15,11 @@ from torch import Tensor
 
 from mmvisatt.checkpoint import convert_state_dict, load_into, unwrap_state_dict
 
-_BUILDERS: Dict[Tuple[str, str], Callable[[dict, dict], nn.Module]] = {}
+_BUILDERS: Dict[Tuple[str, str], Callable[..., nn.Module]] = {}
 
 
 def register_parity_builder(family: str, official_class: str):
-    """Register ``fn(meta, state_dict) -> module`` for fixtures of ``official_class`` in ``family``."""
+    """Register ``fn(meta, state_dict, fused_attn) -> module`` for fixtures of ``official_class`` in ``family``."""
     def register(fn):
         _BUILDERS[(family, official_class)] = fn
         return fn
@@ -71,8 +71,10 @@ def load_converted(backbone: nn.Module, head: Optional[nn.Module], state_dict: d
                   source='parity state dict', layout=layout)
 
 
-def parity_model(meta: dict, state_dict: dict) -> nn.Module:
-    """Build, load and return (in eval mode) the mmvisatt equivalent of the official model in ``meta``."""
+def parity_model(meta: dict, state_dict: dict, fused_attn: bool = False) -> nn.Module:
+    """Build, load and return (in eval mode) the mmvisatt equivalent of the official model in ``meta``, on the
+    reference attention path (``fused_attn=False``, default) or the fused one (families with one path ignore
+    it)."""
     key = (meta['family'], meta['official_class'])
     if key not in _BUILDERS:
         try:
@@ -83,4 +85,4 @@ def parity_model(meta: dict, state_dict: dict) -> nn.Module:
     if key not in _BUILDERS:
         raise NotImplementedError(f"No mmvisatt equivalent of {meta['official_repo']} {meta['official_class']} "
                                   f"yet; supported: {sorted(_BUILDERS)}")
-    return _BUILDERS[key](meta, state_dict).eval()
+    return _BUILDERS[key](meta, state_dict, fused_attn).eval()

@@ -64,7 +64,7 @@ def _point_to_module(point: str, swin: bool) -> str:
 
 
 @register_parity_builder('fan', 'FAN')
-def _fan_from_official(meta: dict, state_dict: dict) -> nn.Module:
+def _fan_from_official(meta: dict, state_dict: dict, fused_attn: bool = False) -> nn.Module:
     kw = meta['official_kwargs']
     dense = meta['official_file'].startswith(('detection/', 'segmentation/'))
     unsupported = {
@@ -98,7 +98,7 @@ def _fan_from_official(meta: dict, state_dict: dict) -> nn.Module:
                    eta=kw.get('eta', 1.), cls_attn_layers=kw.get('cls_attn_layers', 2),
                    cls_tokens_norm=kw.get('tokens_norm', False), classifier=not dense,
                    out_indices=(0, 1, 2, 3) if dense else (2, ), out_norms=False,
-                   pos_exponent='linear' if dense else 'paired', fused_attn=False)
+                   pos_exponent='linear' if dense else 'paired', fused_attn=fused_attn)
     head = nn.Linear(kw['embed_dim'], kw['num_classes']) if 'logits_shape' in meta else None
     load_converted(backbone, head, state_dict, 'fan', allow_missing=backbone.new_keys)
     taps = [] if dense else [_point_to_module(p, swin=False) for p in meta['stage_points']]
@@ -106,7 +106,7 @@ def _fan_from_official(meta: dict, state_dict: dict) -> nn.Module:
 
 
 @register_parity_builder('fan', 'SwinTransformer')
-def _fan_swin_from_official(meta: dict, state_dict: dict) -> nn.Module:
+def _fan_swin_from_official(meta: dict, state_dict: dict, fused_attn: bool = False) -> nn.Module:
     kw = meta['official_kwargs']
     mlp_type = kw.get('mlp_type')
     if kw.get('ape') or not kw.get('patch_norm', True) or not isinstance(mlp_type, (list, tuple)):
@@ -118,7 +118,7 @@ def _fan_swin_from_official(meta: dict, state_dict: dict) -> nn.Module:
                    window_size=kw.get('window_size', 7), mlp_ratio=kw.get('mlp_ratio', 4.),
                    qkv_bias=kw.get('qkv_bias', True), drop_rate=kw.get('drop_rate', 0.),
                    attn_drop_rate=kw.get('attn_drop_rate', 0.), drop_path_rate=kw.get('drop_path_rate', 0.1),
-                   out_indices=(0, 1, 2, 3), fused_attn=False)
+                   out_indices=(0, 1, 2, 3), fused_attn=fused_attn)
     head = nn.Linear(backbone.num_features[-1], kw['num_classes']) if 'logits_shape' in meta else None
     load_converted(backbone, head, state_dict, 'fan', allow_missing=backbone.new_keys)
     taps = [_point_to_module(p, swin=True) for p in meta['stage_points']]

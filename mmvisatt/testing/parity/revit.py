@@ -12,7 +12,7 @@ from . import StageTap, load_converted, register_parity_builder
 
 
 @register_parity_builder('revit', 'SwinTransformer')
-def _reswin_from_official_swin(meta: dict, state_dict: dict) -> nn.Module:
+def _reswin_from_official_swin(meta: dict, state_dict: dict, fused_attn: bool = False) -> nn.Module:
     kw = meta['official_kwargs']
     if kw.get('ape') or not kw.get('patch_norm', True) or kw.get('head_dim') not in (None, ):
         raise ValueError('ReSwinTransformer supports the official Swin without absolute position embedding, '
@@ -74,7 +74,7 @@ def _square(values: Sequence[int], what: str) -> int:
 
 
 @register_parity_builder('revit', 'ReViT')
-def _revit_from_official(meta: dict, state_dict: dict) -> nn.Module:
+def _revit_from_official(meta: dict, state_dict: dict, fused_attn: bool = False) -> nn.Module:
     """ADiko1997/ReViT ``model/revit_model.py`` ``ReViT`` (one class for ReViT and ReMViTv2) from its cfg."""
     cfg = meta['official_kwargs']['cfg']
     r = cfg['ReViT']
@@ -86,7 +86,7 @@ def _revit_from_official(meta: dict, state_dict: dict) -> nn.Module:
     dims, heads, strides = _official_blocks(r)
     pooled = any(strides) or r.get('use_rel_pos') or len(set(dims)) > 1
     common = dict(in_channels=3, img_size=cfg['DATA']['crop_size'], mlp_ratio=r['mlp_ratio'],
-                  qkv_bias=r['qkv_bias'], learnable_alpha=bool(r.get('alpha')))
+                  qkv_bias=r['qkv_bias'], learnable_alpha=bool(r.get('alpha')), fused_attn=fused_attn)
     kernel = _square(r['patch_kernel'], 'patch kernels')
     stride = _square(r['patch_stride'], 'patch strides')
     padding = _square(r['patch_padding'], 'patch padding')

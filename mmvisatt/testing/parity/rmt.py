@@ -60,7 +60,7 @@ def _tap_name(point: str) -> str:
                      f"(extra_norms.<i>)")
 
 
-def _build(meta: dict, state_dict: dict) -> nn.Module:
+def _build(meta: dict, state_dict: dict, fused_attn: bool = False) -> nn.Module:
     kw = {**OFFICIAL_DEFAULTS, **meta['official_kwargs']}
     depths = list(kw['depths'])
     arch = dict(embed_dims=list(kw['embed_dims']), depths=depths, num_heads=list(kw['num_heads']),
@@ -69,7 +69,7 @@ def _build(meta: dict, state_dict: dict) -> nn.Module:
                 layer_scales=list(kw['layerscales']))
     n = len(depths)
     backbone = RMT(arch=arch, in_channels=kw['in_chans'], drop_path_rate=kw['drop_path_rate'],
-                   layer_init_values=kw['layer_init_values'], fused_attention=False,
+                   layer_init_values=kw['layer_init_values'], fused_attn=fused_attn,
                    out_indices=tuple(kw.get('out_indices', range(n))))
     converted, _, layout = convert_state_dict(unwrap_state_dict(state_dict), 'rmt')
     dense = meta['official_class'] == 'RMT'

@@ -42,14 +42,14 @@ class ShuntedParity(nn.Module):
 
 
 @register_parity_builder('shunted', 'ShuntedTransformer')
-def _shunted_from_official(meta: dict, state_dict: dict) -> nn.Module:
+def _shunted_from_official(meta: dict, state_dict: dict, fused_attn: bool = False) -> nn.Module:
     kw = {**_OFFICIAL_DEFAULTS, **meta['official_kwargs']}
     n = kw['num_stages']
     arch = {k: list(kw[k])[:n] for k in ('embed_dims', 'depths', 'num_heads', 'mlp_ratios', 'sr_ratios')}
     # the official stem always reads 3 channels whatever in_chans says
     backbone = ShuntedTransformer(
         arch=dict(arch, num_conv=kw['num_conv']), in_channels=3, qkv_bias=kw['qkv_bias'], qk_scale=kw['qk_scale'],
-        norm_eps=_layer_norm_eps(kw['norm_layer']), odd_size='floor', attn_impl='explicit',
+        norm_eps=_layer_norm_eps(kw['norm_layer']), odd_size='floor', fused_attn=fused_attn,
         drop_rate=kw['drop_rate'], attn_drop_rate=kw['attn_drop_rate'], drop_path_rate=kw['drop_path_rate'],
         out_indices=tuple(range(n)))
     num_classes = meta.get('num_classes', kw['num_classes'])
