@@ -38,9 +38,9 @@ def pytest_collection_modifyitems(config, items):
 def chunking(request, monkeypatch):
     """Runs a test with the score functions' default row chunks and with chunks of three rows (many per map)."""
     if request.param == 'many_chunks':
-        from mmvisatt.models.layers import pooling_attention
-        original = pooling_attention._row_chunks
-        monkeypatch.setattr(pooling_attention, '_row_chunks', lambda rows, numel: original(rows, numel, 3 * numel))
+        from mmvisatt.models.layers import lean_scores
+        original = lean_scores.row_chunks
+        monkeypatch.setattr(lean_scores, 'row_chunks', lambda rows, numel: original(rows, numel, 3 * numel))
     return request.param
 
 

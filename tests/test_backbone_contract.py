@@ -41,7 +41,7 @@ def test_bare_name_builds_under_each_default_scope(scope, name):
     arch, out_indices, channels = BACKBONES[name]
     with DefaultScope.overwrite_default_scope(scope):
         model = lib.MODELS.build(dict(type=name, arch=arch, out_indices=out_indices))
-    assert type(model).__name__ == name
+    assert isinstance(model, MODELS.get(name))
     assert [o.shape[1] for o in model(torch.randn(1, 3, 32, 32))] == channels
 
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from mmvisatt.models.backbones import ReViT
-from mmvisatt.models.layers import PooledScores, ScoreFactors, pooling_attention
+from mmvisatt.models.layers import PooledScores, ScoreFactors, lean_scores, score_factors
 from mmvisatt.models.layers.pooling_attention import PoolingResidualAttention
 from mmvisatt.testing import parity_model
 
@@ -89,11 +89,11 @@ def test_chunked_attention_gradients(monkeypatch):
     torch.manual_seed(0)
     q, k = (torch.randn(1, 2, 7, 6, dtype=F64, requires_grad=True) for _ in range(2))
     v = torch.randn(1, 2, 7, 3, dtype=F64, requires_grad=True)
-    original = pooling_attention._row_chunks
-    monkeypatch.setattr(pooling_attention, '_row_chunks', lambda rows, numel: original(rows, numel, 2 * numel))
-    assert len(pooling_attention._row_chunks(7, 14)) == 4
-    assert torch.autograd.gradcheck(pooling_attention._ChunkedAttention.apply, (q, k, v))
-    out = pooling_attention._ChunkedAttention.apply(q, k, v)
+    original = lean_scores.row_chunks
+    monkeypatch.setattr(lean_scores, 'row_chunks', lambda rows, numel: original(rows, numel, 2 * numel))
+    assert len(lean_scores.row_chunks(7, 14)) == 4
+    assert torch.autograd.gradcheck(score_factors.ChunkedAttention.apply, (q, k, v))
+    out = score_factors.ChunkedAttention.apply(q, k, v)
     assert _rel(out, (q @ k.transpose(-2, -1)).softmax(-1) @ v) < 1e-14
 
 

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from mmvisatt.models.backbones import ReMViTv2
-from mmvisatt.models.layers.pooling_attention import PoolingResidualAttention, plan_handoff
+from mmvisatt.models.layers.pooling_attention import PoolingResidualAttention
+from mmvisatt.models.layers.score_handoff import plan_handoff
 from mmvisatt.models.layers.residual_attention import PooledScores, TokenGrid, align_pooled_by_position
 
 F64 = torch.float64

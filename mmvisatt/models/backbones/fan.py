@@ -13,6 +13,7 @@ tokens, then every channel is gated by a statistic of the whole image. The paper
 
 Numerical quirks of the official code that its weights depend on are reproduced and switchable (``docs/fan.md``).
 """
+import inspect
 import math
 import re
 from functools import partial
@@ -394,9 +395,35 @@ def _init_fan_module(m: nn.Module) -> None:
         trunc_normal_(m.relative_position_bias_table, std=.02)
 
 
+class _FormDispatch(type(AttentionBackbone)):
+    """``FAN(arch=...)`` builds the class of the arch's form. An argument that form does not have is dropped when
+    it holds the value it defaults to in the forms that have it (e.g. ``classifier=False`` for Swin), and is an
+    error otherwise."""
+
+    def __call__(cls, arch: Union[str, dict] = 'hybrid_s', form: Optional[str] = None, **kwargs):
+        if cls is not FAN:
+            return super().__call__(arch, form, **kwargs)
+        target = _FORM_CLASSES[cls._resolve_form(arch, form)['form']]
+        accepted = inspect.signature(target.__init__).parameters
+        for name in [n for n in kwargs if n not in accepted]:
+            owners = {f: c for f, c in _FORM_CLASSES.items() if name in inspect.signature(c.__init__).parameters}
+            defaults = {inspect.signature(c.__init__).parameters[name].default for c in owners.values()}
+            if owners and defaults == {kwargs[name]}:
+                del kwargs[name]
+                continue
+            where = (f"exists for the {' and '.join(owners)} form{'s' if len(owners) > 1 else ''} only"
+                     if owners else 'is not an argument of any FAN')
+            raise ValueError(f"'{name}' {where}, not a {target.form} FAN ({target.__name__})")
+        return target(arch, form, **kwargs)
+
+
 @MODELS.register_module()
-class FAN(AttentionBackbone):
+class FAN(AttentionBackbone, metaclass=_FormDispatch):
     """Fully Attentional Networks as a dense backbone (NCHW maps at strides 4/8/16/32).
+
+    ``FAN(arch=...)`` (and ``type='FAN'`` in a config) builds the class of the arch's form: :class:`FANViT`,
+    :class:`FANHybrid` or :class:`FANSwin`; an argument the form does not have is an error that says which forms
+    have it. Arguments below are marked with the forms they apply to where not all.
 
     Args:
         arch: a preset, ``'{form}_{size}'`` with form ``vit``/``hybrid``/``swin`` and size ``t``/``s``/``b``/``l``
@@ -411,7 +438,7 @@ class FAN(AttentionBackbone):
             ``[stem_dims[0], stem_dims[1], C, down_channels]`` (the official detection layout: ConvNeXt maps,
             FAN block ``out_block``, a new 3x3 stride-2 conv on the tokens after the class-attention head),
             swin ``[C, 2C, 4C, 8C]``.
-        feat_downsample: hybrid only. True (default): level 3 is the detection layout's stride-32 conv.
+        feat_downsample (hybrid): True (default): level 3 is the detection layout's stride-32 conv.
             False: the official segmentation layout (``feat_downsample=False`` there), level 3 is the patch
             tokens after the class-attention head themselves, at stride 16 with C channels.
         out_norms: pass every output through its own LayerNorm (``norm{i}``; Swin's ``norm3`` is the official
@@ -422,19 +449,20 @@ class FAN(AttentionBackbone):
             for mmpretrain's ``ImageClassifier`` with ``neck=None`` and ``LinearClsHead(in_channels=C)``. These
             build exactly the official classifier's modules, so ``out_indices``, ``out_norms`` and
             ``classifier`` are ignored (Swin keeps ``norm3``, the official final norm; no dense extras).
-        classifier: also build the class-attention head's final norm (``cls_norm``) for
+        classifier (vit, hybrid): also build the class-attention head's final norm (``cls_norm``) for
             :meth:`forward_classifier` (vit/hybrid; the class-attention blocks are built whenever needed).
-        unbiased_stem_norms: official hybrid numerics: all ConvNeXt LayerNorm2d after the stem's divide the
+        unbiased_stem_norms (hybrid): official numerics: all ConvNeXt LayerNorm2d after the stem's divide the
             variance by C - 1 (see :class:`LayerNorm2d`). False gives the textbook LayerNorm; use it only for
             weights trained that way.
-        pos_exponent: ``'paired'`` (the classifier's Fourier frequencies) or ``'linear'`` (the frequencies of
-            the official detection/segmentation code, which differ from those its pretrained projection saw).
+        pos_exponent (vit, hybrid): ``'paired'`` (the classifier's Fourier frequencies) or ``'linear'`` (the
+            frequencies of the official detection/segmentation code, which differ from those its pretrained
+            projection saw).
         fused_attn: ``scaled_dot_product_attention`` (True) or the explicit softmax reference (False, the parity
             oracle); None takes the global default (:mod:`~mmvisatt.models.layers.attention`).
         norm_cfg: the BatchNorm of the ViT stem and of the channel attention's depthwise convs
             (``dict(type='SyncBN')`` as in the official detection recipe).
-        eta: initial layer scale of the FAN and class-attention blocks. cls_attn_layers, cls_tokens_norm: the
-            class-attention head. window_size: Swin windows. patch_size: Swin patch size.
+        eta, cls_attn_layers, cls_tokens_norm (vit, hybrid): initial layer scale of the FAN and class-attention
+            blocks; the class-attention head. window_size, patch_size (swin): Swin windows and patches.
         drop_path_rate: the same rate in every FAN block (official) or linearly rising over Swin blocks.
         frozen_stages: -1 none; 0 the stem (and position encoding); n > 0 also the first n FAN blocks (vit,
             hybrid) or Swin stages.
@@ -464,107 +492,38 @@ class FAN(AttentionBackbone):
         **{f'swin_{n}_patch4_window7_224': f'swin_{n[0]}' for n in ('tiny', 'small', 'base', 'large')},
     }
 
-    def __init__(self, arch: Union[str, dict] = 'hybrid_s', form: Optional[str] = None, in_channels: int = 3,
-                 mlp_ratio: float = 4., qkv_bias: bool = True, drop_rate: float = 0., attn_drop_rate: float = 0.,
-                 drop_path_rate: float = 0.1, eta: float = 1., cls_attn_layers: int = 2,
-                 cls_tokens_norm: bool = True, classifier: bool = False, out_indices: Sequence[int] = (0, 1, 2, 3),
-                 out_norms: bool = True, out_type: str = 'featmap', unbiased_stem_norms: bool = True,
-                 pos_exponent: str = 'paired', window_size: int = 7, patch_size: int = 4,
-                 fused_attn: Optional[bool] = None, feat_downsample: bool = True, norm_cfg: Optional[dict] = None,
-                 frozen_stages: int = -1, norm_eval: bool = False, with_cp: bool = False,
-                 init_cfg: Optional[dict] = None):
-        super().__init__(init_cfg=init_cfg)
+    form = ''
+
+    def _setup(self, arch: Union[str, dict], form: Optional[str], in_channels: int, out_indices: Sequence[int],
+               out_norms: bool, out_type: str, frozen_stages: int, norm_eval: bool, with_cp: bool,
+               fused_attn: Optional[bool]) -> dict:
+        """What every form sets first; returns the resolved arch."""
         arch = self._resolve_form(arch, form)
-        self.form = arch['form']
-        if not feat_downsample and self.form != 'hybrid':
-            raise ValueError(f'feat_downsample=False (the stride-16 fourth level of the official segmentation '
-                             f'code) exists for the hybrid form only, not {self.form}')
-        self.feat_downsample = feat_downsample
-        self.strides = (4, 8, 16, 32 if feat_downsample else 16)
+        if arch['form'] != self.form:
+            raise ValueError(f"arch is a {arch['form']} FAN, not a {self.form} one; build it with FAN(arch=...)")
         self.arch = arch
         self.in_channels = in_channels
         if out_type not in OUT_TYPES[self.form]:
             raise ValueError(f"out_type '{out_type}' is not available for a {self.form} FAN; choose one of "
                              f"{OUT_TYPES[self.form]}")
         self.out_type = out_type
-        if out_type == 'cls_token':
-            out_indices, out_norms, classifier = (), False, True
-        elif out_type == 'avg_featmap':
+        if out_type == 'avg_featmap':
             out_indices, out_norms = (3, ), True
+        elif out_type == 'cls_token':
+            out_indices, out_norms = (), False
         self.out_indices = self._check_out_indices(out_indices, 4)
         self.out_norms = out_norms
         self.frozen_stages = frozen_stages
         self.norm_eval = norm_eval
         self.with_cp = with_cp
         self.fused_attn = resolve_fused_attn(fused_attn)
-        norm_cfg = norm_cfg or dict(type='BN')
-        bn = partial(_build_bn, norm_cfg)
-        dim, heads = arch['embed_dims'], arch['num_heads']
+        self.strides = (4, 8, 16, 32)
+        return arch
 
-        if self.form == 'swin':
-            self._build_swin(arch, mlp_ratio, qkv_bias, drop_rate, attn_drop_rate, drop_path_rate, window_size,
-                             patch_size, bn)
-            self.new_keys = tuple(f'norm{i}.*' for i in range(3))
-        else:
-            depth = arch['depth']
-            self.patch_size = 16  # the token stride, and the smallest input side accepted
-            if self.form == 'vit':
-                self.patch_embed = ConvPatchEmbed(in_channels, dim, bn)
-            else:
-                self.patch_embed = HybridEmbed(in_channels, dim, arch['stem_depths'], arch['stem_dims'],
-                                               unbiased_stem_norms, with_cp)
-            self.pos_embed = FourierPositionEncoding(dim, exponent=pos_exponent)
-            self.pos_drop = nn.Dropout(drop_rate)
-            self.blocks = nn.ModuleList([
-                FANBlock(dim, heads, mlp_ratio, qkv_bias, drop_rate, attn_drop_rate, drop_path_rate, eta,
-                         self.fused_attn, bn) for _ in range(depth)
-            ])
-            self.out_block = arch.get('out_block', depth - 1) % depth
-            needs_cls = classifier or (self.form == 'hybrid' and 3 in self.out_indices)
-            if needs_cls:
-                self.cls_token = nn.Parameter(torch.zeros(1, 1, dim))
-                self.cls_attn_blocks = nn.ModuleList([
-                    ClassAttentionBlock(dim, heads, mlp_ratio, qkv_bias, drop_rate, attn_drop_rate, eta,
-                                        cls_tokens_norm, self.fused_attn) for _ in range(cls_attn_layers)
-                ])
-            if classifier:
-                self.cls_norm = nn.LayerNorm(dim, eps=1e-6)
-            if self.form == 'vit':
-                if self.out_indices:
-                    self.pyramid = SimpleFeaturePyramid(dim, self.out_indices)
-                self.num_features = [int(dim * w) for w in PYRAMID_WIDTHS]
-                self.new_keys = tuple(f'norm{i}.*' for i in range(4)) + ('pyramid.*', )
-            else:
-                down = arch.get('down_channels', 768) if feat_downsample else dim
-                if 3 in self.out_indices and feat_downsample:
-                    self.downsample = nn.Conv2d(dim, down, 3, 2, 1)
-                self.num_features = [*arch['stem_dims'][:2], dim, down]
-                self.new_keys = tuple(f'norm{i}.*' for i in range(4)) + ('downsample.*', )
-        if out_norms:
+    def _add_output_norms(self, eps: float) -> None:
+        if self.out_norms:
             for i in self.out_indices:
-                self.add_module(f'norm{i}', nn.LayerNorm(self.num_features[i], eps=1e-5 if self.form == 'swin'
-                                                         else 1e-6))
-        self._freeze_stages()
-
-    def _build_swin(self, arch: dict, mlp_ratio, qkv_bias, drop_rate, attn_drop_rate, drop_path_rate,
-                    window_size, patch_size, bn) -> None:
-        depths, heads = arch['depths'], arch['num_heads']
-        if len(depths) != 4 or len(heads) != 4:
-            raise ValueError(f'FAN-Swin needs four stages, got depths {depths} and num_heads {heads}')
-        channel_attn = arch.get('channel_attn', (True, True, True, False))
-        self.patch_size = patch_size
-        self.num_features = [arch['embed_dims'] * 2 ** i for i in range(4)]
-        self.patch_embed = PatchEmbed(self.in_channels, arch['embed_dims'], patch_size)
-        self.pos_drop = nn.Dropout(drop_rate)
-        rates = torch.linspace(0, drop_path_rate, sum(depths), device='cpu').tolist()
-        self.stages = nn.ModuleList()
-        for i in range(4):
-            start = sum(depths[:i])
-            self.stages.append(
-                FANSwinStage(self.num_features[max(i - 1, 0)], self.num_features[i], depths[i], heads[i], i > 0,
-                             rates[start:start + depths[i]], self.with_cp, window_size=window_size,
-                             mlp_ratio=mlp_ratio, qkv_bias=qkv_bias, drop=drop_rate, attn_drop=attn_drop_rate,
-                             channel_attn=bool(channel_attn[i]), fused=self.fused_attn, norm_layer=bn))
+                self.add_module(f'norm{i}', nn.LayerNorm(self.num_features[i], eps=eps))
 
     @classmethod
     def _resolve_form(cls, arch: Union[str, dict], form: Optional[str]) -> dict:
@@ -595,15 +554,84 @@ class FAN(AttentionBackbone):
             return super()._resolve_arch(cls._arch_aliases.get(key, key))
         return super()._resolve_arch(arch)
 
-    # ------------------------------------------------------------------------------------------- weights
     def init_weights(self):
         if self._init_from_cfg('fan'):
             return
         init_transformer_weights(self, _init_fan_module)
-        if hasattr(self, 'cls_token'):
+        if getattr(self, 'cls_token', None) is not None:
             trunc_normal_(self.cls_token, std=.02)
 
-    # ------------------------------------------------------------------------------------------- forward
+    def _output(self, i: int, x: Tensor, height: int, width: int) -> Tensor:
+        """Crop an NCHW level to ceil(H / stride) x ceil(W / stride) and apply its output norm."""
+        stride = self.strides[i]
+        x = x[..., :math.ceil(height / stride), :math.ceil(width / stride)]
+        if self.out_norms:
+            x = getattr(self, f'norm{i}')(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+        return x.contiguous()
+
+    def forward(self, x: Tensor) -> Tuple[Tensor, ...]:
+        """(B, C_in, H, W) -> tuple of (B, num_features[i], ceil(H / s_i), ceil(W / s_i)), s = ``strides``
+        (4/8/16/32; 4/8/16/16 with ``feat_downsample=False``); with a classifier ``out_type``, a 1-tuple of the
+        (B, C) features of the official head."""
+        if self.out_type != 'featmap':
+            return (self.forward_classifier(x), )
+        self._check_input(x)
+        return self._forward_dense(x)
+
+
+class FANViT(FAN):
+    """FAN-ViT: a stride-16 conv stem, FAN blocks (token attention + efficient channel attention) and, for
+    classification, the class-attention head; dense levels from a simple feature pyramid on the last block."""
+    form = 'vit'
+
+    def __init__(self, arch: Union[str, dict] = 'vit_s', form: Optional[str] = None, in_channels: int = 3,
+                 mlp_ratio: float = 4., qkv_bias: bool = True, drop_rate: float = 0., attn_drop_rate: float = 0.,
+                 drop_path_rate: float = 0.1, eta: float = 1., cls_attn_layers: int = 2,
+                 cls_tokens_norm: bool = True, classifier: bool = False, out_indices: Sequence[int] = (0, 1, 2, 3),
+                 out_norms: bool = True, out_type: str = 'featmap', pos_exponent: str = 'paired',
+                 fused_attn: Optional[bool] = None, norm_cfg: Optional[dict] = None, frozen_stages: int = -1,
+                 norm_eval: bool = False, with_cp: bool = False, init_cfg: Optional[dict] = None):
+        super().__init__(init_cfg=init_cfg)
+        arch = self._setup(arch, form, in_channels, out_indices, out_norms, out_type, frozen_stages, norm_eval,
+                           with_cp, fused_attn)
+        classifier = classifier or out_type == 'cls_token'
+        bn = partial(_build_bn, norm_cfg or dict(type='BN'))
+        dim, heads, depth = arch['embed_dims'], arch['num_heads'], arch['depth']
+        self.patch_size = 16  # the token stride, and the smallest input side accepted
+        self.patch_embed = self._build_stem(arch, bn)
+        self.pos_embed = FourierPositionEncoding(dim, exponent=pos_exponent)
+        self.pos_drop = nn.Dropout(drop_rate)
+        self.blocks = nn.ModuleList([
+            FANBlock(dim, heads, mlp_ratio, qkv_bias, drop_rate, attn_drop_rate, drop_path_rate, eta,
+                     self.fused_attn, bn) for _ in range(depth)
+        ])
+        self.out_block = arch.get('out_block', depth - 1) % depth
+        self.cls_token = self.cls_attn_blocks = self.cls_norm = None
+        if classifier or self._needs_class_attention():
+            self.cls_token = nn.Parameter(torch.zeros(1, 1, dim))
+            self.cls_attn_blocks = nn.ModuleList([
+                ClassAttentionBlock(dim, heads, mlp_ratio, qkv_bias, drop_rate, attn_drop_rate, eta,
+                                    cls_tokens_norm, self.fused_attn) for _ in range(cls_attn_layers)
+            ])
+        if classifier:
+            self.cls_norm = nn.LayerNorm(dim, eps=1e-6)
+        self._build_dense(arch)
+        self._add_output_norms(1e-6)
+        self._freeze_stages()
+
+    def _build_stem(self, arch: dict, bn: Callable[[int], nn.Module]) -> nn.Module:
+        return ConvPatchEmbed(self.in_channels, arch['embed_dims'], bn)
+
+    def _needs_class_attention(self) -> bool:
+        return False
+
+    def _build_dense(self, arch: dict) -> None:
+        dim = arch['embed_dims']
+        if self.out_indices:
+            self.pyramid = SimpleFeaturePyramid(dim, self.out_indices)
+        self.num_features = [int(dim * w) for w in PYRAMID_WIDTHS]
+        self.new_keys = tuple(f'norm{i}.*' for i in range(4)) + ('pyramid.*', )
+
     def _run_blocks(self, x: Tensor) -> Tuple[Tensor, Size, List[Tensor], Tensor]:
         """Stem, position encoding and FAN blocks: tokens after the last block, their grid, the stem maps and
         the tokens after block ``out_block``."""
@@ -623,86 +651,160 @@ class FAN(AttentionBackbone):
             x = block(x)
         return x
 
-    def _output(self, i: int, x: Tensor, height: int, width: int) -> Tensor:
-        """Crop an NCHW level to ceil(H / stride) x ceil(W / stride) and apply its output norm."""
-        stride = self.strides[i]
-        x = x[..., :math.ceil(height / stride), :math.ceil(width / stride)]
-        if self.out_norms:
-            x = getattr(self, f'norm{i}')(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
-        return x.contiguous()
-
-    def forward(self, x: Tensor) -> Tuple[Tensor, ...]:
-        """(B, C_in, H, W) -> tuple of (B, num_features[i], ceil(H / s_i), ceil(W / s_i)), s = ``strides``
-        (4/8/16/32; 4/8/16/16 with ``feat_downsample=False``); with a classifier ``out_type``, a 1-tuple of the
-        (B, C) features of the official head."""
-        if self.out_type != 'featmap':
-            return (self.forward_classifier(x), )
-        return self._forward_dense(x)
+    def _dense_levels(self, tokens: Tensor, size: Size, maps: List[Tensor], picked: Tensor) -> Dict[int, Tensor]:
+        return self.pyramid(tokens_to_map(tokens, size))
 
     def _forward_dense(self, x: Tensor) -> Tuple[Tensor, ...]:
-        self._check_input(x)
         H, W = x.shape[-2:]
-        if self.form == 'swin':
-            x = self.pos_drop(self.patch_embed(x))
-            outs = []
-            for i, stage in enumerate(self.stages):
-                x = stage(x)
-                if i in self.out_indices:
-                    outs.append(self._output(i, x.permute(0, 3, 1, 2), H, W))
-            return tuple(outs)
-        tokens, size, maps, picked = self._run_blocks(x)
-        levels: Dict[int, Tensor] = {}
-        if self.form == 'vit':
-            levels = self.pyramid(tokens_to_map(tokens, size))
-        else:
-            levels = {0: maps[0], 1: maps[1], 2: tokens_to_map(picked, size)}
-            if 3 in self.out_indices:
-                patches = tokens_to_map(self._class_attention(tokens)[:, 1:], size)
-                levels[3] = self.downsample(patches) if self.feat_downsample else patches
+        levels = self._dense_levels(*self._run_blocks(x))
         return tuple(self._output(i, levels[i], H, W) for i in self.out_indices)
 
     def forward_classifier(self, x: Tensor) -> Tensor:
-        """(B, C_in, H, W) -> (B, C) pooled features for a linear classifier: the normalised class token
-        (vit, hybrid; needs ``out_type='cls_token'`` or ``classifier=True``) or the mean of the normalised last
-        Swin stage (needs ``norm3``: ``out_type='avg_featmap'``, or ``3 in out_indices`` and ``out_norms``)."""
+        """(B, C_in, H, W) -> (B, C): the normalised class token (needs ``out_type='cls_token'`` or
+        ``classifier=True``)."""
         self._check_input(x)
-        if self.form == 'swin':
-            if not (3 in self.out_indices and self.out_norms):
-                raise RuntimeError("forward_classifier of a swin FAN needs norm3 (out_type='avg_featmap', or 3 in "
-                                   "out_indices with out_norms=True)")
-            return self._forward_dense(x)[self.out_indices.index(3)].mean(dim=(2, 3))
-        if not hasattr(self, 'cls_norm'):
+        if self.cls_norm is None:
             raise RuntimeError("forward_classifier needs FAN(..., out_type='cls_token') or classifier=True")
         tokens = self._run_blocks(x)[0]
         return self.cls_norm(self._class_attention(tokens))[:, 0]
 
     def _freeze_stages(self):
+        if self.frozen_stages >= 0:
+            self._freeze([self.patch_embed, self.pos_embed, *self.blocks[:self.frozen_stages]])
+
+    def _stem_layer_order(self) -> LayerOrder:
+        yield 'patch_embed', False
+
+    def _layer_order(self) -> LayerOrder:
+        yield from self._stem_layer_order()
+        yield 'pos_embed', False
+        yield from ((f'blocks.{i}', True) for i in range(len(self.blocks)))
+        if self.cls_attn_blocks is not None:
+            # the class-attention head is one layer after the blocks (as timm groups XCiT's)
+            yield from (('cls_token', True), ('cls_attn_blocks', False), ('cls_norm', False))
+
+
+class FANHybrid(FANViT):
+    """FAN-Hybrid: FAN-ViT on a ConvNeXt stem (strides 4 and 8). Dense levels as the official detection backbone:
+    the two ConvNeXt maps, FAN block ``out_block``, and a new 3x3 stride-2 conv on the patch tokens after the
+    class-attention head (or, ``feat_downsample=False``, those tokens at stride 16, the segmentation layout)."""
+    form = 'hybrid'
+
+    def __init__(self, arch: Union[str, dict] = 'hybrid_s', form: Optional[str] = None, in_channels: int = 3,
+                 mlp_ratio: float = 4., qkv_bias: bool = True, drop_rate: float = 0., attn_drop_rate: float = 0.,
+                 drop_path_rate: float = 0.1, eta: float = 1., cls_attn_layers: int = 2,
+                 cls_tokens_norm: bool = True, classifier: bool = False, out_indices: Sequence[int] = (0, 1, 2, 3),
+                 out_norms: bool = True, out_type: str = 'featmap', unbiased_stem_norms: bool = True,
+                 pos_exponent: str = 'paired', fused_attn: Optional[bool] = None, feat_downsample: bool = True,
+                 norm_cfg: Optional[dict] = None, frozen_stages: int = -1, norm_eval: bool = False,
+                 with_cp: bool = False, init_cfg: Optional[dict] = None):
+        # read by _build_stem / _build_dense during FANViT's construction
+        self._stem_options = (unbiased_stem_norms, feat_downsample)
+        super().__init__(arch, form, in_channels, mlp_ratio, qkv_bias, drop_rate, attn_drop_rate, drop_path_rate,
+                         eta, cls_attn_layers, cls_tokens_norm, classifier, out_indices, out_norms, out_type,
+                         pos_exponent, fused_attn, norm_cfg, frozen_stages, norm_eval, with_cp, init_cfg)
+
+    def _build_stem(self, arch: dict, bn: Callable[[int], nn.Module]) -> nn.Module:
+        unbiased, self.feat_downsample = self._stem_options
+        self.strides = (4, 8, 16, 32 if self.feat_downsample else 16)
+        return HybridEmbed(self.in_channels, arch['embed_dims'], arch['stem_depths'], arch['stem_dims'], unbiased,
+                           self.with_cp)
+
+    def _needs_class_attention(self) -> bool:
+        return 3 in self.out_indices
+
+    def _build_dense(self, arch: dict) -> None:
+        dim = arch['embed_dims']
+        down = arch.get('down_channels', 768) if self.feat_downsample else dim
+        if 3 in self.out_indices and self.feat_downsample:
+            self.downsample = nn.Conv2d(dim, down, 3, 2, 1)
+        self.num_features = [*arch['stem_dims'][:2], dim, down]
+        self.new_keys = tuple(f'norm{i}.*' for i in range(4)) + ('downsample.*', )
+
+    def _dense_levels(self, tokens: Tensor, size: Size, maps: List[Tensor], picked: Tensor) -> Dict[int, Tensor]:
+        levels = {0: maps[0], 1: maps[1], 2: tokens_to_map(picked, size)}
+        if 3 in self.out_indices:
+            patches = tokens_to_map(self._class_attention(tokens)[:, 1:], size)
+            levels[3] = self.downsample(patches) if self.feat_downsample else patches
+        return levels
+
+    def _stem_layer_order(self) -> LayerOrder:
+        # the ConvNeXt blocks of the hybrid stem are layers too
+        yield 'patch_embed.stem', False
+        yield from stage_layer_order(self.patch_embed.stages, 'patch_embed.stages', before=('downsample', ))
+        yield 'patch_embed.proj', False
+
+
+class FANSwin(FAN):
+    """FAN-Swin: Swin-T/S/B/L stages whose MLPs are FAN's channel attention (``channel_attn`` per stage)."""
+    form = 'swin'
+
+    def __init__(self, arch: Union[str, dict] = 'swin_t', form: Optional[str] = None, in_channels: int = 3,
+                 mlp_ratio: float = 4., qkv_bias: bool = True, drop_rate: float = 0., attn_drop_rate: float = 0.,
+                 drop_path_rate: float = 0.1, out_indices: Sequence[int] = (0, 1, 2, 3), out_norms: bool = True,
+                 out_type: str = 'featmap', window_size: int = 7, patch_size: int = 4,
+                 fused_attn: Optional[bool] = None, norm_cfg: Optional[dict] = None, frozen_stages: int = -1,
+                 norm_eval: bool = False, with_cp: bool = False, init_cfg: Optional[dict] = None):
+        super().__init__(init_cfg=init_cfg)
+        arch = self._setup(arch, form, in_channels, out_indices, out_norms, out_type, frozen_stages, norm_eval,
+                           with_cp, fused_attn)
+        depths, heads = arch['depths'], arch['num_heads']
+        if len(depths) != 4 or len(heads) != 4:
+            raise ValueError(f'FAN-Swin needs four stages, got depths {depths} and num_heads {heads}')
+        bn = partial(_build_bn, norm_cfg or dict(type='BN'))
+        channel_attn = arch.get('channel_attn', (True, True, True, False))
+        self.patch_size = patch_size
+        self.num_features = [arch['embed_dims'] * 2 ** i for i in range(4)]
+        self.patch_embed = PatchEmbed(in_channels, arch['embed_dims'], patch_size)
+        self.pos_drop = nn.Dropout(drop_rate)
+        rates = torch.linspace(0, drop_path_rate, sum(depths), device='cpu').tolist()
+        self.stages = nn.ModuleList()
+        for i in range(4):
+            start = sum(depths[:i])
+            self.stages.append(
+                FANSwinStage(self.num_features[max(i - 1, 0)], self.num_features[i], depths[i], heads[i], i > 0,
+                             rates[start:start + depths[i]], with_cp, window_size=window_size,
+                             mlp_ratio=mlp_ratio, qkv_bias=qkv_bias, drop=drop_rate, attn_drop=attn_drop_rate,
+                             channel_attn=bool(channel_attn[i]), fused=self.fused_attn, norm_layer=bn))
+        self.new_keys = tuple(f'norm{i}.*' for i in range(3))
+        self._add_output_norms(1e-5)
+        self._freeze_stages()
+
+    def _forward_dense(self, x: Tensor) -> Tuple[Tensor, ...]:
+        H, W = x.shape[-2:]
+        x = self.pos_drop(self.patch_embed(x))
+        outs = []
+        for i, stage in enumerate(self.stages):
+            x = stage(x)
+            if i in self.out_indices:
+                outs.append(self._output(i, x.permute(0, 3, 1, 2), H, W))
+        return tuple(outs)
+
+    def forward_classifier(self, x: Tensor) -> Tensor:
+        """(B, C_in, H, W) -> (B, C): the mean of the normalised last stage (needs ``norm3``:
+        ``out_type='avg_featmap'``, or ``3 in out_indices`` and ``out_norms``)."""
+        self._check_input(x)
+        if not (3 in self.out_indices and self.out_norms):
+            raise RuntimeError("forward_classifier of a swin FAN needs norm3 (out_type='avg_featmap', or 3 in "
+                               "out_indices with out_norms=True)")
+        return self._forward_dense(x)[self.out_indices.index(3)].mean(dim=(2, 3))
+
+    def _freeze_stages(self):
         if self.frozen_stages < 0:
             return
-        if self.form == 'swin':
-            frozen = [self.patch_embed, *self.stages[:self.frozen_stages]]
-            frozen += [getattr(self, f'norm{i}') for i in range(self.frozen_stages)
-                       if i in self.out_indices and self.out_norms]
-        else:
-            frozen = [self.patch_embed, self.pos_embed, *self.blocks[:self.frozen_stages]]
+        frozen = [self.patch_embed, *self.stages[:self.frozen_stages]]
+        frozen += [getattr(self, f'norm{i}') for i in range(self.frozen_stages)
+                   if i in self.out_indices and self.out_norms]
         self._freeze(frozen)
 
     def _layer_order(self) -> LayerOrder:
-        if self.form == 'swin':
-            yield 'patch_embed', False
-            yield from stage_layer_order(self.stages, before=('downsample', ))
-            return
-        if self.form == 'vit':
-            yield 'patch_embed', False
-        else:  # the ConvNeXt blocks of the hybrid stem are layers too
-            yield 'patch_embed.stem', False
-            yield from stage_layer_order(self.patch_embed.stages, 'patch_embed.stages', before=('downsample', ))
-            yield 'patch_embed.proj', False
-        yield 'pos_embed', False
-        yield from ((f'blocks.{i}', True) for i in range(len(self.blocks)))
-        if hasattr(self, 'cls_attn_blocks'):
-            # the class-attention head is one layer after the blocks (as timm groups XCiT's)
-            yield from (('cls_token', True), ('cls_attn_blocks', False), ('cls_norm', False))
+        yield 'patch_embed', False
+        yield from stage_layer_order(self.stages, before=('downsample', ))
+
+
+_FORM_CLASSES = {'vit': FANViT, 'hybrid': FANHybrid, 'swin': FANSwin}
+for _cls in _FORM_CLASSES.values():
+    MODELS.register_module(module=_cls)
 
 
 def _build_bn(norm_cfg: dict, channels: int) -> nn.Module:
