@@ -113,3 +113,58 @@ def test_importing_the_models_registers_models_only():
             'import mmvisatt.datasets.transforms; '
             "assert not [m for m in sys.modules if m.startswith('mmvisatt.engine')]")
     subprocess.run([sys.executable, '-c', code], check=True)
+
+
+def _levels(model) -> int:
+    return len(model.num_features)
+
+
+@pytest.mark.parametrize('name,arch', FORMS, ids=FORM_IDS)
+def test_any_input_size_and_any_out_indices(name, arch):
+    """Every level, alone or with others, at sizes that divide by nothing: (B, num_features[i], ceil(H / s_i),
+    ceil(W / s_i)), s_i the level's stride."""
+    cls = MODELS.get(name)
+    n = _levels(cls(arch=arch))
+    for out_indices in {tuple(range(n)), (n - 1, ), (1, )}:
+        model = cls(arch=arch, out_indices=out_indices).eval()
+        strides = getattr(model, 'strides', (4, 8, 16, 32))
+        for height, width in ((64, 96), (70, 45)):
+            with torch.no_grad():
+                outs = model(torch.randn(1, 3, height, width))
+            assert [tuple(o.shape[1:]) for o in outs] == [
+                (model.num_features[i], -(-height // strides[i]), -(-width // strides[i])) for i in out_indices]
+
+
+@pytest.mark.parametrize('name,arch', FORMS, ids=FORM_IDS)
+def test_frozen_stem_and_norm_eval_survive_train(name, arch):
+    """``frozen_stages=0`` freezes the stem (no gradients, eval mode) and ``norm_eval`` keeps every normalisation
+    layer in eval mode, both through ``model.train()``; the rest trains."""
+    model = MODELS.get(name)(arch=arch, frozen_stages=0, norm_eval=True).train()
+    stem = dict(model.named_parameters(prefix='')).keys()
+    frozen = [n for n in stem if n.startswith(('patch_embed.', 'stages.0.patch_embed.'))]
+    assert frozen and all(not p.requires_grad for n, p in model.named_parameters() if n in frozen)
+    assert any(p.requires_grad for n, p in model.named_parameters() if n not in frozen)
+    norms = [m for m in model.modules() if isinstance(m, (torch.nn.modules.batchnorm._BatchNorm, torch.nn.LayerNorm))]
+    assert norms and not any(m.training for m in norms)
+    if name == 'ShuntedTransformer':
+        assert not model.stages[0].patch_embed.training
+    else:
+        assert not model.patch_embed.training
+
+
+@pytest.mark.parametrize('name,arch', FORMS, ids=FORM_IDS)
+def test_fused_attn_both_ways_agree(name, arch):
+    """The one switch, both ways, on every form that has two paths (ReSwin has one: its scores are carried)."""
+    cls = MODELS.get(name)
+    if name == 'ReSwinTransformer':
+        with pytest.raises(TypeError, match='fused_attn'):
+            cls(arch=arch, fused_attn=False)
+        return
+    torch.manual_seed(0)
+    fused = cls(arch=arch, fused_attn=True, drop_path_rate=0.).double().eval()
+    reference = cls(arch=arch, fused_attn=False, drop_path_rate=0.).double().eval()
+    reference.load_state_dict(fused.state_dict())
+    x = torch.randn(1, 3, 70, 45, dtype=torch.float64)
+    with torch.no_grad():
+        for a, b in zip(fused(x), reference(x)):
+            torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)

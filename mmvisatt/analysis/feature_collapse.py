@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .capture import BlockOutputCapture
-from .inputs import batches
+from .inputs import captured_passes
 
 
 def mean_pairwise_cosine(tokens: Tensor) -> Tensor:
@@ -56,9 +56,7 @@ def feature_collapse(model: nn.Module, images: Tensor, batch_size: int = 4) -> F
     sums: Dict[str, float] = {}
     tokens: Dict[str, int] = {}
     with BlockOutputCapture(model) as capture:
-        for batch in batches(images, batch_size, model):
-            capture.clear()
-            model(batch)
+        for _ in captured_passes(model, capture, images, batch_size):
             for name, output in capture.outputs:
                 sums[name] = sums.get(name, 0.0) + mean_pairwise_cosine(output).sum().item()
                 tokens[name] = output[0, ..., 0].numel()

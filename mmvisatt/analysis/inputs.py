@@ -77,6 +77,15 @@ def batches(images: Tensor, batch_size: int, model: nn.Module) -> Iterator[Tenso
         yield images[start:start + batch_size].to(device)
 
 
+def captured_passes(model: nn.Module, capture, images: Tensor, batch_size: int) -> Iterator[None]:
+    """Run ``model`` on each batch of ``images`` with ``capture`` (a capture context, entered) cleared before
+    every pass; yields once after each pass, when the capture holds that batch's records."""
+    for batch in batches(images, batch_size, model):
+        capture.clear()
+        model(batch)
+        yield
+
+
 def backbone_config(model: str, options: Optional[Dict] = None) -> Tuple[dict, Optional[str]]:
     """The backbone dict of a config file (``model.backbone``) or of a spec ``Type[:arch]``; and the config's
     ``default_scope``. ``options`` are merged into the backbone dict."""

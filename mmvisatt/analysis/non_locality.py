@@ -13,7 +13,7 @@ import torch.nn as nn
 from torch import Tensor
 
 from .capture import AttentionCapture, AttentionRecord, PooledAttentionRecord, WindowAttentionRecord
-from .inputs import batches
+from .inputs import captured_passes
 
 
 def pooled_non_locality(probs: Tensor, q_centres: Tensor, k_centres: Tensor) -> Tensor:
@@ -79,9 +79,7 @@ def non_locality(model: nn.Module, images: Tensor, batch_size: int = 4) -> NonLo
     sums: Dict[str, Tensor] = {}
     meta: Dict[str, AttentionRecord] = {}
     with AttentionCapture(model) as capture:
-        for batch in batches(images, batch_size, model):
-            capture.clear()
-            model(batch)
+        for _ in captured_passes(model, capture, images, batch_size):
             for record in capture.records:
                 values = record_non_locality(record).sum(0).double().cpu()
                 sums[record.name] = sums[record.name] + values if record.name in sums else values

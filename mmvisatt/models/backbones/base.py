@@ -176,6 +176,29 @@ class DecayBackbone(AttentionBackbone):
         self.norm_eval = norm_eval
         self.num_features = list(dims)
 
+    @classmethod
+    def _stage_defaults(cls, num_stages: int) -> dict:
+        """What an arch dict may leave out: per-stage settings for ``num_stages`` stages and the drop path."""
+        n = num_stages
+        return dict(mlp_ratios=(3, ) * n, init_values=(2, ) * n, heads_ranges=(4, ) * n, layer_scales=(False, ) * n,
+                    drop_path_rate=0.1)
+
+    @classmethod
+    def _resolve_arch(cls, arch: Union[str, dict]) -> dict:
+        arch = super()._resolve_arch(arch)
+        for key, value in cls._stage_defaults(len(arch['depths'])).items():
+            arch.setdefault(key, value)
+        return arch
+
+    @staticmethod
+    def _stage_settings(arch: dict, keys: Sequence[str], family: str) -> Tuple[list, list, list, Dict[str, list]]:
+        """Widths, depths, heads and the per-stage ``keys`` of ``arch``, checked to have one entry per stage."""
+        dims, depths, heads = list(arch['embed_dims']), list(arch['depths']), list(arch['num_heads'])
+        per_stage = {k: list(arch[k]) for k in keys}
+        if any(len(v) != len(depths) for v in [dims, heads, *per_stage.values()]):
+            raise ValueError(f'every per-stage {family} arch setting needs {len(depths)} entries, got {arch}')
+        return dims, depths, heads, per_stage
+
     def _add_output_norms(self) -> None:
         for i in self.out_indices if self.out_norms else ():
             self.add_module(f'norm{i}', nn.LayerNorm(self.num_features[i]))

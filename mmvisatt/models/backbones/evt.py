@@ -175,12 +175,9 @@ class EVT(DecayBackbone):
         arch = self._resolve_arch(arch)
         if group_size < 1:
             raise ValueError(f'group_size must be positive, got {group_size}')
-        dims, depths, heads = list(arch['embed_dims']), list(arch['depths']), list(arch['num_heads'])
-        n = len(depths)
         keys = ('mlp_ratios', 'init_values', 'heads_ranges', 'full_attention', 'layer_scales')
-        per_stage = {k: list(arch[k]) for k in keys}
-        if any(len(v) != n for v in [dims, heads, *per_stage.values()]):
-            raise ValueError(f'every per-stage EVT arch setting needs {n} entries, got {arch}')
+        dims, depths, heads, per_stage = self._stage_settings(arch, keys, 'EVT')
+        n = len(depths)
         style = arch['style']
         if style not in ('rmt', 'swin'):
             raise ValueError(f"EVT style must be 'rmt' or 'swin', got {style!r}")
@@ -205,17 +202,9 @@ class EVT(DecayBackbone):
         self._freeze_stages()
 
     @classmethod
-    def _resolve_arch(cls, arch: Union[str, dict]) -> dict:
-        arch = super()._resolve_arch(arch)
-        n = len(arch['depths'])
-        arch.setdefault('style', 'rmt')
-        arch.setdefault('mlp_ratios', (3, ) * n)
-        arch.setdefault('init_values', (2, ) * n)
-        arch.setdefault('heads_ranges', (4, ) * n)
-        arch.setdefault('full_attention', tuple(i == n - 1 for i in range(n)))
-        arch.setdefault('layer_scales', (False, ) * n)
-        arch.setdefault('drop_path_rate', 0.1)
-        return arch
+    def _stage_defaults(cls, num_stages: int) -> dict:
+        return {**super()._stage_defaults(num_stages), 'style': 'rmt',
+                'full_attention': tuple(i == num_stages - 1 for i in range(num_stages))}
 
 
 @register_converter('evt')

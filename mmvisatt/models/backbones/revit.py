@@ -119,6 +119,27 @@ class ReSwinStage(nn.Module):
         return x, residual
 
 
+def _stage_outputs(model: AttentionBackbone, x: Tensor, *stage_args) -> Tuple[Tensor, ...]:
+    """Run ``model.stages`` carrying the residual scores; the normalised NCHW outputs of ``out_indices``."""
+    residual, outs = None, []
+    for i, stage in enumerate(model.stages):
+        x, residual = stage(x, residual, model.alpha, *stage_args)
+        if i in model.out_indices:
+            outs.append(getattr(model, f'norm{i}')(x).permute(0, 3, 1, 2).contiguous())
+    return tuple(outs)
+
+
+def _freeze_staged(model: AttentionBackbone) -> None:
+    """The stem, the first ``frozen_stages`` stages with their output norms, and alpha from one frozen stage on
+    (alpha is shared by every layer, so frozen stages stay frozen only if it does)."""
+    if model.frozen_stages < 0:
+        return
+    frozen = [model.patch_embed, *model.stages[:model.frozen_stages]]
+    model._freeze(frozen + [getattr(model, f'norm{i}') for i in range(model.frozen_stages) if i in model.out_indices])
+    if model.frozen_stages >= 1 and isinstance(model.alpha, nn.Parameter):
+        model.alpha.requires_grad = False
+
+
 @MODELS.register_module()
 class ReSwinTransformer(AttentionBackbone):
     """ReSwin: Swin Transformer with residual attention scores, as a multi-scale backbone.
@@ -201,24 +222,10 @@ class ReSwinTransformer(AttentionBackbone):
     def forward(self, x: Tensor) -> Tuple[Tensor, ...]:
         """(B, C, H, W) -> tuple of (B, C_i, ceil(H / 2**(i+2)), ceil(W / 2**(i+2))) for ``out_indices``."""
         self._check_input(x)
-        x = self.pos_drop(self.patch_embed(x))
-        residual = None
-        outs = []
-        for i, stage in enumerate(self.stages):
-            x, residual = stage(x, residual, self.alpha)
-            if i in self.out_indices:
-                outs.append(getattr(self, f'norm{i}')(x).permute(0, 3, 1, 2).contiguous())
-        return tuple(outs)
+        return _stage_outputs(self, self.pos_drop(self.patch_embed(x)))
 
     def _freeze_stages(self):
-        if self.frozen_stages < 0:
-            return
-        frozen = [self.patch_embed] + [self.stages[i] for i in range(min(self.frozen_stages, len(self.stages)))]
-        frozen += [getattr(self, f'norm{i}') for i in range(self.frozen_stages) if i in self.out_indices]
-        self._freeze(frozen)
-        if self.frozen_stages >= 1 and isinstance(self.alpha, nn.Parameter):
-            # alpha is shared by every layer, so frozen stages stay frozen only if it does
-            self.alpha.requires_grad = False
+        _freeze_staged(self)
 
     def _layer_order(self) -> LayerOrder:
         # patch merging opens a stage but belongs to the layer of the block before it (mmpretrain's Swin rule)
@@ -570,23 +577,10 @@ class ReMViTv2(AttentionBackbone):
     def forward(self, x: Tensor) -> Tuple[Tensor, ...]:
         """(B, C_in, H, W) -> tuple of (B, num_features[i], ceil(H / 2**(i+2)), ceil(W / 2**(i+2)))."""
         self._check_input(x)
-        x = self.patch_embed(x)
-        residual = None
-        outs = []
-        for i, stage in enumerate(self.stages):
-            x, residual = stage(x, residual, self.alpha, self.handoff)
-            if i in self.out_indices:
-                outs.append(getattr(self, f'norm{i}')(x).permute(0, 3, 1, 2).contiguous())
-        return tuple(outs)
+        return _stage_outputs(self, self.patch_embed(x), self.handoff)
 
     def _freeze_stages(self):
-        if self.frozen_stages < 0:
-            return
-        frozen = [self.patch_embed, *self.stages[:self.frozen_stages]]
-        frozen += [getattr(self, f'norm{i}') for i in range(self.frozen_stages) if i in self.out_indices]
-        self._freeze(frozen)
-        if self.frozen_stages >= 1 and isinstance(self.alpha, nn.Parameter):
-            self.alpha.requires_grad = False
+        _freeze_staged(self)
 
     def _layer_order(self) -> LayerOrder:
         yield 'patch_embed', False

@@ -157,8 +157,6 @@ class RMT(DecayBackbone):
             by default ``model_ema`` is used when present (the weights RMT-S/B/L report; RMT-T reports
             ``model``, which the ``'t'`` preset picks).
     """
-    _defaults = dict(init_values=(2, 2, 2, 2), decomposed=(True, True, True, False),
-                     layer_scales=(False, False, False, False), drop_path_rate=0.1)
     arch_zoo: Dict[str, dict] = {
         't': dict(embed_dims=(64, 128, 256, 512), depths=(2, 2, 8, 2), num_heads=(4, 4, 8, 16),
                   mlp_ratios=(3, 3, 3, 3), heads_ranges=(4, 4, 6, 6), decomposed=(True, True, False, False),
@@ -186,12 +184,9 @@ class RMT(DecayBackbone):
             # issue #25: RMT-T's reported accuracy is of the non-EMA weights
             self._release_keys = ('model', 'model_ema')
         arch = self._resolve_arch(arch)
-        dims, depths, heads = list(arch['embed_dims']), list(arch['depths']), list(arch['num_heads'])
-        n = len(depths)
         keys = ('mlp_ratios', 'init_values', 'heads_ranges', 'decomposed', 'layer_scales')
-        per_stage = {k: list(arch[k]) for k in keys}
-        if any(len(v) != n for v in [dims, heads, *per_stage.values()]):
-            raise ValueError(f'every per-stage RMT arch setting needs {n} entries, got {arch}')
+        dims, depths, heads, per_stage = self._stage_settings(arch, keys, 'RMT')
+        n = len(depths)
         self._setup(in_channels, dims, out_indices, frozen_stages, norm_eval, out_norms)
         rate = arch['drop_path_rate'] if drop_path_rate is None else drop_path_rate
         rates = torch.linspace(0, rate, sum(depths)).tolist()
@@ -209,14 +204,8 @@ class RMT(DecayBackbone):
         self._freeze_stages()
 
     @classmethod
-    def _resolve_arch(cls, arch: Union[str, dict]) -> dict:
-        arch = super()._resolve_arch(arch)
-        n = len(arch['depths'])
-        for key, default in cls._defaults.items():
-            arch.setdefault(key, default if not isinstance(default, tuple) else default[:n])
-        arch.setdefault('mlp_ratios', (3, ) * n)
-        arch.setdefault('heads_ranges', (4, ) * n)
-        return arch
+    def _stage_defaults(cls, num_stages: int) -> dict:
+        return {**super()._stage_defaults(num_stages), 'decomposed': (True, True, True, False)[:num_stages]}
 
 
 @MODELS.register_module()

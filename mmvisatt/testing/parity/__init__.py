@@ -49,8 +49,12 @@ class StageTap(nn.Module):
 
     def _hook(self, name: str):
         def capture(module, args, output):
-            self._captured[name] = output[0] if isinstance(output, tuple) else output
+            self._captured[name] = self._read(module, args, output)
         return capture
+
+    def _read(self, module: nn.Module, args: tuple, output) -> Tensor:
+        """What a tap records of a module's call."""
+        return output[0] if isinstance(output, tuple) else output
 
     def forward(self, images: Tensor) -> Dict[str, object]:
         self._captured.clear()

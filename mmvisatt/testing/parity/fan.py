@@ -9,10 +9,10 @@ from torch import Tensor
 from mmvisatt.models.backbones.fan import (FAN, ConvNeXtStage, FANBlock, FANSwinBlock, official_swin_to_mmvisatt_key,
                                            official_to_mmvisatt_key)
 
-from . import load_converted, register_parity_builder
+from . import StageTap, load_converted, register_parity_builder
 
 
-class FANTap(nn.Module):
+class FANTap(StageTap):
     """Runs a FAN backbone and returns the maps at the official stage points plus the classifier's logits.
 
     Classifiers run :meth:`FAN.forward_classifier` and read their stage points by forward hooks (token outputs
@@ -20,26 +20,17 @@ class FANTap(nn.Module):
     """
 
     def __init__(self, backbone: FAN, taps: List[str], head: Optional[nn.Module]):
-        super().__init__()
-        self.backbone = backbone
-        self.head = head
-        self.taps = taps
-        self._captured: Dict[str, Tensor] = {}
-        modules = dict(backbone.named_modules())
-        for name in taps:
-            modules[name].register_forward_hook(self._hook(name))
+        super().__init__(backbone, taps, lambda x: x, head)
 
-    def _hook(self, name: str):
-        def capture(module, args, output):
-            if isinstance(module, FANBlock):
-                H, W = args[1]
-                output = output.transpose(1, 2).reshape(output.shape[0], -1, H, W)
-            elif isinstance(module, FANSwinBlock):
-                output = output.permute(0, 3, 1, 2)
-            elif not isinstance(module, ConvNeXtStage):
-                raise TypeError(f'No stage-point reading for {type(module).__name__}')
-            self._captured[name] = output
-        return capture
+    def _read(self, module: nn.Module, args: tuple, output: Tensor) -> Tensor:
+        if isinstance(module, FANBlock):
+            H, W = args[1]
+            return output.transpose(1, 2).reshape(output.shape[0], -1, H, W)
+        if isinstance(module, FANSwinBlock):
+            return output.permute(0, 3, 1, 2)
+        if isinstance(module, ConvNeXtStage):
+            return output
+        raise TypeError(f'No stage-point reading for {type(module).__name__}')
 
     def forward(self, images: Tensor) -> Dict[str, object]:
         self._captured.clear()
