@@ -10,18 +10,27 @@ import fnmatch
 import os
 import os.path as osp
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Iterable, List, Mapping, Optional, Tuple
+from typing import Callable, Dict, Iterable, List, Mapping, Optional, Set, Tuple
 
 import torch
 from mmengine.logging import print_log
 from mmengine.runner.checkpoint import CheckpointLoader
 
 StateDict = Dict[str, torch.Tensor]
-# A converter maps a raw (unwrapped) state dict to mm-style keys ('backbone.*', 'head.fc.*') and names the
-# layout it recognised, or returns None when the layout is not its family's.
-Converter = Callable[[Mapping[str, torch.Tensor]], Optional[Tuple[StateDict, str]]]
+# A family's key map: foreign (official / timm / mmdet) keys -> mm-style keys ('backbone.*', 'head.fc.*') and the
+# name of the layout it recognised, or None when the layout is not its family's. It gets the keys inside
+# 'backbone.' of an mm-style file (prefixed=True: an official backbone trained by mmdet / mmseg) or the raw file.
+Converter = Callable[[Mapping[str, torch.Tensor], bool], Optional[Tuple[StateDict, str]]]
 
-_CONVERTERS: Dict[str, Converter] = {}
+
+@dataclass(frozen=True)
+class _Family:
+    convert: Converter
+    is_mm: Callable[[Set[str]], bool]
+    keep: Tuple[str, ...]
+
+
+_CONVERTERS: Dict[str, _Family] = {}
 
 # Keys under which training scripts of the supported families nest the weights, in order of preference: the
 # trained weights first, an EMA copy only when a file holds nothing else.
@@ -32,14 +41,31 @@ class CheckpointMismatchError(RuntimeError):
     """A checkpoint does not cover the model it is loaded into."""
 
 
-def register_converter(family: str) -> Callable[[Converter], Converter]:
-    """Register a family's checkpoint converter for :func:`convert_state_dict` and the converter tool."""
+def register_converter(family: str, is_mm: Callable[[Set[str]], bool],
+                       keep: Tuple[str, ...] = ('head.', )) -> Callable[[Converter], Converter]:
+    """Register a family's key map for :func:`convert_state_dict` and the converter tool. ``is_mm`` recognises
+    the family's own backbone keys (an mmvisatt file, with or without the ``backbone.`` prefix); ``keep`` are the
+    prefixes of the other entries such a file carries over (the classifier's ``head.``, RMT's ``neck.``)."""
 
     def wrap(fn: Converter) -> Converter:
-        _CONVERTERS[family] = fn
+        _CONVERTERS[family] = _Family(fn, is_mm, tuple(keep))
         return fn
 
     return wrap
+
+
+def _convert(spec: _Family, state_dict: Mapping[str, torch.Tensor]) -> Optional[Tuple[StateDict, str]]:
+    """The prologue every family shares: split the ``backbone.`` envelope, keep an mmvisatt file as it is, and
+    hand anything else to the family's key map."""
+    prefixed = any(k.startswith('backbone.') for k in state_dict)
+    if prefixed:
+        inner = {k[len('backbone.'):]: v for k, v in state_dict.items() if k.startswith('backbone.')}
+    else:
+        inner = {k: v for k, v in state_dict.items() if not k.startswith(spec.keep)}
+    if spec.is_mm(set(inner)):
+        kept = {k: v for k, v in state_dict.items() if k.startswith(spec.keep)}
+        return {**{'backbone.' + k: v for k, v in inner.items()}, **kept}, 'mmvisatt'
+    return spec.convert(inner if prefixed else dict(state_dict), prefixed)
 
 
 def registered_families() -> List[str]:
@@ -78,7 +104,7 @@ def convert_state_dict(state_dict: Mapping[str, torch.Tensor],
     for name in families:
         if name not in _CONVERTERS:
             raise KeyError(f"Unknown checkpoint family '{name}'; known: {', '.join(registered_families())}")
-        converted = _CONVERTERS[name](state_dict)
+        converted = _convert(_CONVERTERS[name], state_dict)
         if converted is not None:
             return converted[0], name, converted[1]
     sample = ', '.join(list(state_dict)[:8])

@@ -12,7 +12,7 @@ choice:
 - ``style='rmt'`` (presets t/s/b/l) keeps RMT's block, stem, downsampling, LCE and CPE, without the rotary
   phase; ``style='swin'`` (``swin_t``) is Swin-T with (shifted) window attention replaced by EuSAg / EuSAd.
 """
-from typing import Dict, Optional, Sequence, Tuple, Union
+from typing import Dict, Optional, Sequence, Set, Tuple, Union
 
 import torch
 import torch.nn as nn
@@ -207,14 +207,12 @@ class EVT(DecayBackbone):
                 'full_attention': tuple(i == num_stages - 1 for i in range(num_stages))}
 
 
-@register_converter('evt')
-def convert_evt_checkpoint(state_dict) -> Optional[Tuple[Dict[str, Tensor], str]]:
-    """mmvisatt (mm-style) EVT files: there is no official EVT release. RMT files are not EVT files (they carry
-    a rotary phase EVT does not have), so they are left to the RMT converter."""
-    keys = set(state_dict)
-    for prefix in ('backbone.', ''):
-        if prefix + 'stages.0.decay.log_gamma' in keys and prefix + 'stages.0.rotary.angle' not in keys:
-            if prefix:
-                return {k: v for k, v in state_dict.items() if k.startswith(('backbone.', 'head.'))}, 'mmvisatt'
-            return {('' if k.startswith('head.') else 'backbone.') + k: v for k, v in state_dict.items()}, 'mmvisatt'
+def _evt_is_mm(keys: Set[str]) -> bool:
+    # RMT files are not EVT files: they carry a rotary phase EVT does not have
+    return 'stages.0.decay.log_gamma' in keys and 'stages.0.rotary.angle' not in keys
+
+
+@register_converter('evt', is_mm=_evt_is_mm)
+def convert_evt_checkpoint(state_dict: Dict[str, Tensor], prefixed: bool) -> Optional[Tuple[Dict[str, Tensor], str]]:
+    """No foreign layout: there is no official EVT release, and mmvisatt (mm-style) files need no key map."""
     return None

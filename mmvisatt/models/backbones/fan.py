@@ -864,26 +864,18 @@ def _from_official(state_dict) -> Dict[str, Tensor]:
     return out
 
 
-@register_converter('fan')
-def convert_fan_checkpoint(state_dict) -> Optional[Tuple[Dict[str, Tensor], str]]:
-    """Official FAN (classifier, detection/segmentation backbone, Swin) or mmvisatt keys -> mm-style FAN keys.
+@register_converter('fan', is_mm=lambda keys: any(_MM_MARK.match(k) for k in keys))
+def convert_fan_checkpoint(state_dict: Dict[str, Tensor], prefixed: bool) -> Optional[Tuple[Dict[str, Tensor], str]]:
+    """Official FAN (classifier, detection/segmentation backbone, Swin) keys -> mm-style FAN keys.
 
     The classifier's ``head`` becomes ``head.fc``; buffers Swin rebuilds (``relative_position_index``,
     ``attn_mask``) are dropped.
     """
     keys = set(state_dict)
-    if any(k.startswith('backbone.') for k in keys):
-        inner = {k[len('backbone.'):]: v for k, v in state_dict.items() if k.startswith('backbone.')}
-        heads = {k: v for k, v in state_dict.items() if k.startswith('head.')}
-        if any(_MM_MARK.match(k) for k in inner):
-            return {**{'backbone.' + k: v for k, v in inner.items()}, **heads}, 'mmvisatt'
-        if any(_OFFICIAL_MARK.match(k) for k in inner):
-            # an official detection/segmentation model saved by mmdet/mmseg
-            return _from_official(inner), 'official-fan-dense'
-        return None
-    if any(_MM_MARK.match(k) for k in keys):
-        return {('' if k.startswith('head.') else 'backbone.') + k: v for k, v in state_dict.items()}, 'mmvisatt'
     if not any(_OFFICIAL_MARK.match(k) for k in keys):
         return None
+    if prefixed:
+        # an official detection/segmentation model saved by mmdet/mmseg
+        return _from_official(state_dict), 'official-fan-dense'
     swin = any(k.startswith('layers.') for k in keys)
     return _from_official(state_dict), 'official-fan-swin' if swin else 'official-fan'

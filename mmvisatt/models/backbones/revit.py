@@ -9,7 +9,7 @@ attention). How scores are carried across windows, stages and pooled grids lives
 """
 import math
 import re
-from typing import Dict, Optional, Sequence, Tuple, Union
+from typing import Dict, Optional, Sequence, Set, Tuple, Union
 
 import torch
 import torch.nn as nn
@@ -602,20 +602,13 @@ def _from_mmdet_unfold_order(t: Tensor) -> Tensor:
     return t[..., [0, 2, 1, 3], :].reshape(*t.shape[:-2], 4 * channels)
 
 
-@register_converter('reswin')
-def convert_reswin_checkpoint(state_dict) -> Optional[Tuple[Dict[str, Tensor], str]]:
-    """Official Swin/ReSwin, timm Swin, mmdet Swin or mmvisatt keys -> mm-style ReSwinTransformer keys."""
+@register_converter('reswin', is_mm=lambda keys: _RESWIN_MM_KEY in keys)
+def convert_reswin_checkpoint(state_dict: Dict[str, Tensor], prefixed: bool) -> Optional[Tuple[Dict[str, Tensor], str]]:
+    """Official Swin/ReSwin, timm Swin or mmdet Swin (inside ``backbone.``) keys -> mm-style ReSwinTransformer
+    keys."""
     keys = set(state_dict)
-    if any(k.startswith('backbone.') for k in keys):
-        inner = {k[len('backbone.'):]: v for k, v in state_dict.items() if k.startswith('backbone.')}
-        heads = {k: v for k, v in state_dict.items() if k.startswith('head.')}
-        if _RESWIN_MM_KEY in inner:
-            return {**{'backbone.' + k: v for k, v in inner.items()}, **heads}, 'mmvisatt'
-        if 'stages.0.blocks.0.attn.w_msa.qkv.weight' in inner:
-            return _from_mmdet(inner), 'mmdet-swin'
-        return None
-    if _RESWIN_MM_KEY in keys:
-        return {('' if k.startswith('head.') else 'backbone.') + k: v for k, v in state_dict.items()}, 'mmvisatt'
+    if prefixed:
+        return (_from_mmdet(state_dict), 'mmdet-swin') if 'stages.0.blocks.0.attn.w_msa.qkv.weight' in keys else None
     if 'layers.0.blocks.0.attn.qkv.weight' not in keys:
         return None
     # official and ReSwin put patch merging at the end of a stage, timm at the start of the next one
@@ -666,15 +659,6 @@ def _has_pooling(keys, block: str) -> bool:
     return any(block + k in keys for k in _POOLING_KEYS)
 
 
-def _split_backbone(state_dict) -> Tuple[Dict[str, Tensor], Dict[str, Tensor]]:
-    inner = {k[len('backbone.'):]: v for k, v in state_dict.items() if k.startswith('backbone.')}
-    return inner, {k: v for k, v in state_dict.items() if k.startswith('head.')}
-
-
-def _as_mm(state_dict) -> Dict[str, Tensor]:
-    return {('' if k.startswith('head.') else 'backbone.') + k: v for k, v in state_dict.items()}
-
-
 def _is_plain_vit(keys) -> bool:
     return 'blocks.0.attn.qkv.weight' in keys and 'pos_embed' in keys and not _has_pooling(keys, 'blocks.0.')
 
@@ -684,24 +668,21 @@ def _head_key(key: str) -> str:
     return 'head.fc.' + key.split('.')[-1]
 
 
-@register_converter('revit')
-def convert_revit_checkpoint(state_dict) -> Optional[Tuple[Dict[str, Tensor], str]]:
-    """Official ReViT-B, timm ViT or mmvisatt keys -> mm-style ReViT keys.
+def _revit_is_mm(keys: Set[str]) -> bool:
+    return _is_plain_vit(keys) and 'norm.weight' not in keys and 'cls_token' not in keys
+
+
+@register_converter('revit', is_mm=_revit_is_mm)
+def convert_revit_checkpoint(state_dict: Dict[str, Tensor], prefixed: bool) -> Optional[Tuple[Dict[str, Tensor], str]]:
+    """Official ReViT-B or timm ViT keys -> mm-style ReViT keys.
 
     timm ViTs have a class token: it is dropped and its row of the position embedding removed (ReViT pools the
     mean token), so a timm ViT-B/16 initialises ReViT-B apart from ``alpha``. The final ``norm`` becomes
     ``norm2``, the stride-16 output norm.
     """
     keys = set(state_dict)
-    if any(k.startswith('backbone.') for k in keys):
-        inner, heads = _split_backbone(state_dict)
-        if _is_plain_vit(inner) and 'norm.weight' not in inner:
-            return {**{'backbone.' + k: v for k, v in inner.items()}, **heads}, 'mmvisatt'
+    if prefixed or not _is_plain_vit(keys):
         return None
-    if not _is_plain_vit(keys):
-        return None
-    if 'norm.weight' not in keys and 'cls_token' not in keys:
-        return _as_mm(state_dict), 'mmvisatt'
     official = 'alpha' in keys or 'head.projection.weight' in keys
     out = {}
     for key, value in state_dict.items():
@@ -717,22 +698,22 @@ def convert_revit_checkpoint(state_dict) -> Optional[Tuple[Dict[str, Tensor], st
     return out, 'official-revit' if official else 'timm-vit'
 
 
-@register_converter('remvit')
-def convert_remvit_checkpoint(state_dict) -> Optional[Tuple[Dict[str, Tensor], str]]:
-    """Official MViTv2 (``.pyth``) / ReMViTv2, timm MViTv2 or mmvisatt keys -> mm-style ReMViTv2 keys.
+def _remvit_is_mm(keys: Set[str]) -> bool:
+    return (_has_pooling(keys, 'stages.0.blocks.0.') and 'norm.weight' not in keys
+            and not any('.shortcut_proj_attn.' in k for k in keys))
+
+
+@register_converter('remvit', is_mm=_remvit_is_mm)
+def convert_remvit_checkpoint(state_dict: Dict[str, Tensor], prefixed: bool) -> Optional[Tuple[Dict[str, Tensor], str]]:
+    """Official MViTv2 (``.pyth``) / ReMViTv2 or timm MViTv2 keys -> mm-style ReMViTv2 keys.
 
     The official layout numbers blocks flatly (``blocks.{i}``); a stage starts at every block with a shortcut
     projection ``blocks.{i}.proj`` (MViTv2 widens the channels where it strides the queries).
     """
     keys = set(state_dict)
-    if any(k.startswith('backbone.') for k in keys):
-        inner, heads = _split_backbone(state_dict)
-        if _has_pooling(inner, 'stages.0.blocks.0.') and 'norm.weight' not in inner:
-            return {**{'backbone.' + k: v for k, v in inner.items()}, **heads}, 'mmvisatt'
+    if prefixed:
         return None
     if _has_pooling(keys, 'stages.0.blocks.0.'):
-        if 'norm.weight' not in keys and not any('.shortcut_proj_attn.' in k for k in keys):
-            return _as_mm(state_dict), 'mmvisatt'
         return _from_timm_mvitv2(state_dict), 'timm-mvitv2'
     if not _has_pooling(keys, 'blocks.0.'):
         return None

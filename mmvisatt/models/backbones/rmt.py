@@ -276,21 +276,14 @@ def _convert_official(state_dict) -> Dict[str, Tensor]:
     return out
 
 
-@register_converter('rmt')
-def convert_rmt_checkpoint(state_dict) -> Optional[Tuple[Dict[str, Tensor], str]]:
-    """Official RMT (classification, token-labelling, detection/segmentation) or mmvisatt keys -> mm-style RMT
-    keys (``backbone.*``; the classifier as ``neck.proj.*``, ``neck.norm.*`` (:class:`RMTProjectionNeck`) and
+@register_converter('rmt', is_mm=lambda keys: _MM_KEY in keys, keep=('neck.', 'head.'))
+def convert_rmt_checkpoint(state_dict: Dict[str, Tensor], prefixed: bool) -> Optional[Tuple[Dict[str, Tensor], str]]:
+    """Official RMT (classification, token-labelling, detection/segmentation) keys -> mm-style RMT keys
+    (``backbone.*``; the classifier as ``neck.proj.*``, ``neck.norm.*`` (:class:`RMTProjectionNeck`) and
     ``head.fc.*``)."""
     keys = set(state_dict)
-    if _OFFICIAL_KEY in keys:
-        layout = 'official-rmt-token-label' if 'aux_head.weight' in keys else 'official-rmt'
-        return _convert_official(state_dict), layout
-    if 'backbone.' + _OFFICIAL_KEY in keys:
-        inner = {k[len('backbone.'):]: v for k, v in state_dict.items() if k.startswith('backbone.')}
-        return _convert_official(inner), 'official-rmt-dense'
-    if 'backbone.' + _MM_KEY in keys:
-        return {k: v for k, v in state_dict.items() if k.startswith(('backbone.', 'neck.', 'head.'))}, 'mmvisatt'
-    if _MM_KEY in keys:
-        return {('' if k.startswith(('neck.', 'head.')) else 'backbone.') + k: v
-                for k, v in state_dict.items()}, 'mmvisatt'
-    return None
+    if _OFFICIAL_KEY not in keys:
+        return None
+    if prefixed:
+        return _convert_official(state_dict), 'official-rmt-dense'
+    return _convert_official(state_dict), 'official-rmt-token-label' if 'aux_head.weight' in keys else 'official-rmt'

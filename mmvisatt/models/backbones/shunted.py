@@ -322,25 +322,18 @@ def _from_official(state_dict) -> Dict[str, Tensor]:
     return out
 
 
-@register_converter('shunted')
-def convert_shunted_checkpoint(state_dict) -> Optional[Tuple[Dict[str, Tensor], str]]:
-    """Official Shunted (``ckpt_{T,S,B}.pth``), towhee or mmvisatt keys -> mm-style ShuntedTransformer keys.
+@register_converter('shunted', is_mm=lambda keys: _MM_KEY in keys)
+def convert_shunted_checkpoint(state_dict: Dict[str, Tensor],
+                               prefixed: bool) -> Optional[Tuple[Dict[str, Tensor], str]]:
+    """Official Shunted (``ckpt_{T,S,B}.pth``) or towhee keys -> mm-style ShuntedTransformer keys.
 
-    The classifier ``head.*`` becomes ``head.fc.*``. A ``backbone.``-prefixed file may hold either mmvisatt or
-    official names (a detector trained with the official backbone class); other prefixes are kept as they are.
+    The classifier ``head.*`` becomes ``head.fc.*``. Inside ``backbone.`` (a detector trained with the official
+    backbone class) the official names are mapped the same way.
     """
     keys = set(state_dict)
-    if any(k.startswith('backbone.') for k in keys):
-        inner = {k[len('backbone.'):]: v for k, v in state_dict.items() if k.startswith('backbone.')}
-        rest = {k: v for k, v in state_dict.items() if not k.startswith('backbone.')}
-        if _MM_KEY in inner:
-            return dict(state_dict), 'mmvisatt'
-        if _OFFICIAL_KEY in inner:
-            return {**rest, **_from_official(inner)}, 'official-shunted'
-        return None
-    if _MM_KEY in keys:
-        return {('' if k.startswith('head.') else 'backbone.') + k: v for k, v in state_dict.items()}, 'mmvisatt'
     if _OFFICIAL_KEY not in keys:
         return None
+    if prefixed:
+        return _from_official(state_dict), 'official-shunted'
     towhee = not any('.mlp.dwconv.dwconv.' in k for k in keys)
     return _from_official(state_dict), 'towhee-shunted' if towhee else 'official-shunted'
