@@ -83,7 +83,8 @@ def test_layer_ids_follow_the_forward_order(family):
     assert set(below_top) == set(range(top))  # every layer id below the top is used
     blocks = [_depth(model, n)[0] for n in calls if BLOCK.search(n)]
     assert blocks == list(range(1, len(blocks) + 1))  # each block its own layer, in forward order
-    assert top - len(blocks) == 1 + (getattr(model, 'cls_attn_blocks', None) is not None)  # then the class-attention layer
+    # then the class-attention layer
+    assert top - len(blocks) == 1 + (getattr(model, 'cls_attn_blocks', None) is not None)
 
 
 @pytest.mark.parametrize('family', sorted(FAMILIES))
