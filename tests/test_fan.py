@@ -192,19 +192,6 @@ def test_fused_and_explicit_backbones_agree(form):
 
 
 # ----------------------------------------------------------------------------------------- input sizes
-@pytest.mark.parametrize('form', sorted(TINY))
-@pytest.mark.parametrize('out_indices', [(0, 1, 2, 3), (0, ), (1, ), (2, ), (3, ), (1, 3)])
-def test_any_input_size(form, out_indices):
-    model = FAN(arch=TINY[form], out_indices=out_indices).eval()
-    with torch.no_grad():
-        outs = model(torch.randn(1, 3, 83, 141))
-    assert len(outs) == len(out_indices)
-    for out, i in zip(outs, out_indices):
-        stride = 2 ** (i + 2)
-        assert tuple(out.shape) == (1, model.num_features[i], math.ceil(83 / stride), math.ceil(141 / stride))
-        assert torch.isfinite(out).all()
-
-
 def test_num_features_per_form():
     assert FAN(arch=TINY['vit']).num_features == [8, 16, 32, 32]
     assert FAN(arch=TINY['hybrid']).num_features == [16, 24, 32, 40]
@@ -253,25 +240,6 @@ def test_bad_inputs_raise():
 
 
 # --------------------------------------------------------------------------------------------- training
-@pytest.mark.parametrize('form', sorted(TINY))
-def test_with_cp_gives_the_same_gradients(form):
-    torch.manual_seed(0)
-    plain = FAN(arch=TINY[form], drop_path_rate=0.).double()
-    plain.init_weights()
-    ckpt = FAN(arch=TINY[form], drop_path_rate=0., with_cp=True).double()
-    ckpt.load_state_dict(plain.state_dict())
-    x = torch.randn(2, 3, 64, 80, dtype=torch.float64)
-    grads = []
-    for model in (plain, ckpt):
-        model.train()
-        sum(o.pow(2).mean() for o in model(x)).backward()
-        grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
-    assert grads[0].keys() == grads[1].keys()
-    assert any('blocks' in n and g.abs().sum() > 0 for n, g in grads[0].items())
-    for name in grads[0]:
-        assert torch.allclose(grads[0][name], grads[1][name], atol=1e-10), name
-
-
 def test_frozen_stages_and_norm_eval():
     model = FAN(arch=TINY['hybrid'], frozen_stages=2, norm_eval=True)
     model.train()

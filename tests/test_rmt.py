@@ -121,21 +121,6 @@ def test_half_precision_at_1333x800(dtype):
     assert torch.isfinite(bias).all() and torch.isfinite(attention(q, q, q, bias, 1.)).all()
 
 
-@pytest.mark.parametrize('out_indices', [(0, 1, 2, 3), (0, ), (1, ), (2, ), (3, ), (1, 3)])
-def test_odd_input_sizes(out_indices):
-    model = RMT(arch=TINY, out_indices=out_indices).eval()
-    with torch.no_grad():
-        outs = model(torch.randn(1, 3, 77, 61))
-    h, w, sizes = 77, 61, []
-    for _ in range(5):
-        h, w = -(-h // 2), -(-w // 2)
-        sizes.append((h, w))
-    assert len(outs) == len(out_indices)
-    for out, i in zip(outs, out_indices):
-        assert tuple(out.shape) == (1, TINY['embed_dims'][i], *sizes[i + 1])
-        assert torch.isfinite(out).all()
-
-
 def test_frozen_stages_and_norm_eval():
     model = RMT(arch=TINY, frozen_stages=2, norm_eval=True)
     model.train()
