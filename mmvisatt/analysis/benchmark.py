@@ -809,7 +809,7 @@ def run_benchmark(specs: Sequence[ModelSpec], settings: BenchmarkSettings,
         torch.set_num_threads(settings.threads)
     report = dict(tool='mmvisatt benchmark', date=time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime()),
                   machine=machine_info(settings), settings=asdict(settings), measure=list(measure), models=[],
-                  allocator=os.environ.get(_ALLOCATOR_MARK, 'default'))
+                  allocator=current_allocator())
     for spec in specs:
         if log:
             log(f'benchmarking {spec.label} ...')
@@ -925,9 +925,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def allocator_environment(name: str, environ: Optional[Dict[str, str]] = None) -> Dict[str, str]:
-    """The environment a process needs to run with allocator ``name`` (see the module docstring)."""
-    env = dict(os.environ if environ is None else environ)
+def allocator_environment(name: str) -> Dict[str, str]:
+    """This process's environment with allocator ``name`` set up (see the module docstring)."""
+    env = dict(os.environ)
     if name == 'jemalloc':
         library = next((path for path in JEMALLOC_LIBRARIES if osp.exists(path)), None)
         if library is None:
@@ -944,25 +944,31 @@ def allocator_environment(name: str, environ: Optional[Dict[str, str]] = None) -
     return env
 
 
-def apply_allocator(name: str, argv: Optional[Sequence[str]] = None) -> None:
-    """Re-execute this command (``sys.argv``, or ``python -m`` style ``argv``) under allocator ``name`` unless it
-    already runs under it; ``default`` changes nothing."""
-    if name == 'default' or os.environ.get(_ALLOCATOR_MARK) == name:
+def current_allocator() -> str:
+    """The allocator this process was started with by :func:`apply_allocator` (``'default'`` otherwise)."""
+    return os.environ.get(_ALLOCATOR_MARK, 'default')
+
+
+def apply_allocator(name: str, from_command_line: bool) -> None:
+    """Run under allocator ``name``: from the command line, re-execute ``sys.argv`` with it unless the process
+    already runs under it (``default`` changes nothing); called with an argument list (from Python), a process
+    started otherwise is an error, since the allocator must be in place before the process starts."""
+    if not from_command_line:
+        if name != current_allocator():
+            raise BenchmarkError(f'--allocator {name} needs a process started with it: run the tool from the '
+                                 f'command line')
+        return
+    if name == 'default' or current_allocator() == name:
         return
     env = allocator_environment(name)
-    command = [sys.executable, *sys.argv] if argv is None else [sys.executable, *argv]
     sys.stdout.flush()
-    os.execve(sys.executable, command, env)
+    os.execve(sys.executable, [sys.executable, *sys.argv], env)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> dict:
     """Parse the command line, benchmark, print the table and write ``--out``; returns the report."""
     args = build_parser().parse_args(argv)
-    if argv is None:
-        apply_allocator(args.allocator)
-    elif args.allocator != os.environ.get(_ALLOCATOR_MARK, 'default'):
-        raise BenchmarkError(f'--allocator {args.allocator} needs a process started with it: run '
-                             f'tools/analysis/benchmark.py from the command line')
+    apply_allocator(args.allocator, from_command_line=argv is None)
     if bool(args.config) == bool(args.backbone):
         raise BenchmarkError('Give either a CONFIG file or --backbone NAME (not both, not neither).')
     if args.backbone_only and not args.config:

@@ -26,7 +26,6 @@ kernels, convolutions, other): what both paths share bounds the ratio any attent
 """
 import argparse
 import inspect
-import os
 import os.path as osp
 import statistics
 
@@ -34,7 +33,8 @@ import torch
 from mmengine.registry import MODELS
 
 import mmvisatt.models  # noqa: F401  (registers the backbones)
-from mmvisatt.analysis.benchmark import ALLOCATORS, CLOCKS, apply_allocator, cpu_split, cpu_usage, time_pass
+from mmvisatt.analysis.benchmark import (ALLOCATORS, CLOCKS, apply_allocator, cpu_split, cpu_usage, current_allocator,
+                                         time_pass)
 
 # the backbones with two attention paths under the one ``fused_attn`` switch (ReSwin has one)
 FAMILIES = ('RMT', 'EVT', 'FAN', 'ShuntedTransformer', 'ReViT', 'ReMViTv2')
@@ -168,8 +168,7 @@ def main(argv=None):
                         help='after the timed passes, profile one more pass of each model and print its self CPU '
                         'time by kind of op (linear layers, attention kernels, convolutions, other)')
     args = parser.parse_args(argv)
-    if argv is None:
-        apply_allocator(args.allocator)
+    apply_allocator(args.allocator, from_command_line=argv is None)
     if args.pair == 'fast-path' and not (args.family and args.arch):
         parser.error('fast-path needs FAMILY and ARCH, e.g. "fast-path RMT t"')
     torch.set_num_threads(args.threads)
@@ -189,8 +188,8 @@ def main(argv=None):
                     if split:
                         usages[j].append(usage)
     ta, tb = (statistics.median(t) * 1e3 for t in times)
-    allocator = os.environ.get('MMVISATT_ALLOCATOR', 'default')
-    print(f'{args.shape[0]}x{args.shape[1]}, {args.threads} thread(s), {args.clock} clock, {allocator} allocator, '
+    print(f'{args.shape[0]}x{args.shape[1]}, {args.threads} thread(s), {args.clock} clock, '
+          f'{current_allocator()} allocator, '
           f'{args.repeats} repeats: '
           f'{label_a} {ta:.1f} ms, {label_b} {tb:.1f} ms, ratio {ta / tb:.3f}')
     # the pass-by-pass ratios show how far load from other processes moved the median

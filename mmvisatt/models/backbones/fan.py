@@ -493,6 +493,7 @@ class FAN(AttentionBackbone, metaclass=_FormDispatch):
     }
 
     form = ''
+    strides: Tuple[int, ...] = (4, 8, 16, 32)
 
     def _setup(self, arch: Union[str, dict], form: Optional[str], in_channels: int, out_indices: Sequence[int],
                out_norms: bool, out_type: str, frozen_stages: int, norm_eval: bool, with_cp: bool,
@@ -517,7 +518,6 @@ class FAN(AttentionBackbone, metaclass=_FormDispatch):
         self.norm_eval = norm_eval
         self.with_cp = with_cp
         self.fused_attn = resolve_fused_attn(fused_attn)
-        self.strides = (4, 8, 16, 32)
         return arch
 
     def _add_output_norms(self, eps: float) -> None:
@@ -699,16 +699,19 @@ class FANHybrid(FANViT):
                  norm_cfg: Optional[dict] = None, frozen_stages: int = -1, norm_eval: bool = False,
                  with_cp: bool = False, init_cfg: Optional[dict] = None):
         # read by _build_stem / _build_dense during FANViT's construction
-        self._stem_options = (unbiased_stem_norms, feat_downsample)
+        self.unbiased_stem_norms = unbiased_stem_norms
+        self.feat_downsample = feat_downsample
         super().__init__(arch, form, in_channels, mlp_ratio, qkv_bias, drop_rate, attn_drop_rate, drop_path_rate,
                          eta, cls_attn_layers, cls_tokens_norm, classifier, out_indices, out_norms, out_type,
                          pos_exponent, fused_attn, norm_cfg, frozen_stages, norm_eval, with_cp, init_cfg)
 
+    @property
+    def strides(self) -> Tuple[int, ...]:
+        return (4, 8, 16, 32 if self.feat_downsample else 16)
+
     def _build_stem(self, arch: dict, bn: Callable[[int], nn.Module]) -> nn.Module:
-        unbiased, self.feat_downsample = self._stem_options
-        self.strides = (4, 8, 16, 32 if self.feat_downsample else 16)
-        return HybridEmbed(self.in_channels, arch['embed_dims'], arch['stem_depths'], arch['stem_dims'], unbiased,
-                           self.with_cp)
+        return HybridEmbed(self.in_channels, arch['embed_dims'], arch['stem_depths'], arch['stem_dims'],
+                           self.unbiased_stem_norms, self.with_cp)
 
     def _needs_class_attention(self) -> bool:
         return 3 in self.out_indices

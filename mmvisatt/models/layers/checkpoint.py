@@ -18,7 +18,8 @@ from torch.nn.modules.batchnorm import _NormBase
 
 
 def _running_buffers(module: nn.Module) -> List[Tensor]:
-    return [buf for m in module.modules() if isinstance(m, _NormBase) and m.track_running_stats
+    # only norms in training mode update their statistics (norm_eval and frozen stages keep theirs in eval)
+    return [buf for m in module.modules() if isinstance(m, _NormBase) and m.training and m.track_running_stats
             for buf in m.buffers() if buf is not None]
 
 
@@ -49,7 +50,7 @@ def checkpoint(module: nn.Module, *args, enabled: bool = True) -> Any:
     """
     if not enabled or not _needs_grad(module, args):
         return module(*args)
-    buffers = _running_buffers(module) if module.training else []
+    buffers = _running_buffers(module)
     if not buffers or torch.compiler.is_compiling():
         # compiled graphs apply each buffer mutation once and recompute only pure ops in the backward graph
         # (and checkpoint accepts no other context_fn there)
