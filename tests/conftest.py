@@ -1,4 +1,5 @@
-"""Shared pytest set-up: the ``slow`` marker and a shrunk copy of the detection recipe for fast training tests."""
+"""Shared pytest set-up: the ``slow`` and ``cuda`` markers and a shrunk copy of the detection recipe for fast
+training tests."""
 import os
 import os.path as osp
 import sys
@@ -26,12 +27,21 @@ _share_the_cores()
 def pytest_configure(config):
     config.addinivalue_line('markers', 'slow: takes minutes (end-to-end training, several processes); '
                             'still part of the suite, deselect with -m "not slow" for a quick pass')
+    config.addinivalue_line('markers', 'cuda: needs a CUDA GPU; skipped with the reason where none is visible '
+                            '(pytest tests/test_cuda.py -m cuda on a GPU machine, or tools/gpu_check.sh)')
 
 
 def pytest_collection_modifyitems(config, items):
     # Slow tests first (stable, so files keep their order otherwise): under pytest-xdist a test of several minutes
     # started last keeps one worker busy while the other has nothing left to do.
     items.sort(key=lambda item: item.get_closest_marker('slow') is None)
+    import torch
+    if not torch.cuda.is_available():
+        reason = (f'needs a CUDA GPU; torch {torch.__version__} sees none (built with CUDA {torch.version.cuda}, '
+                  f'{torch.cuda.device_count()} devices)')
+        for item in items:
+            if item.get_closest_marker('cuda') is not None:
+                item.add_marker(pytest.mark.skip(reason=reason))
 
 
 @pytest.fixture(params=['one_chunk', 'many_chunks'])

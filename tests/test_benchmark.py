@@ -4,6 +4,7 @@ Times are never asserted (the machine is shared); only that they were measured a
 """
 import json
 import math
+import os
 import os.path as osp
 import re
 import subprocess
@@ -67,7 +68,9 @@ def test_compare_prints_ratios(tmp_path, capsys):
     assert ratios['inference.time_ms.median'] == pytest.approx(
         second['inference']['time_ms']['median'] / first['inference']['time_ms']['median'])
     assert set(ratios) == {'params.total', 'inference.time_ms.median', 'inference.throughput',
-                           'train.time_ms.median', 'train.throughput'}
+                           'train.time_ms.median', 'train.throughput', 'flops.forward_gflop',
+                           'inference.achieved_tflops', 'train.achieved_tflops', 'train.peak_share'}
+    assert second['ratios'] == ratios
     header = next(line for line in table.splitlines() if line.startswith('metric'))
     assert 'ratio 2/1' in header
     params_row = next(line for line in table.splitlines() if line.startswith('params (M)'))
@@ -159,6 +162,85 @@ def test_cpu_clock_splits_user_and_system_time(tmp_path, capsys, monkeypatch):
     assert 'user time' not in capsys.readouterr().out
 
 
+def test_several_models_side_by_side_with_flop_rates(tmp_path, capsys):
+    """Three models in one process, a timm one among them: each later model's ratios to the first, FLOPs of every
+    backbone, and achieved TFLOP/s = FLOPs (x3 for a training step) / median time, as a share of the measured
+    matrix-product rate; the Markdown table has a row per model."""
+    markdown = tmp_path / 'table.md'
+    report = main(['--backbone', 'ReSwinTransformer', '--arch', TINY, '--compare', f'ReSwinTransformer:{WIDER}',
+                   'timm.mvitv2_tiny', '--shape', '64', '96', '--warmup', '0', '--repeats', '2',
+                   '--measure', 'inference', 'train', '--markdown', str(markdown)])
+    first, wider, mvit = report['models']
+    assert 'ratios' not in report and 'ratios' not in first
+    assert wider['ratios']['params.total'] == pytest.approx(wider['params']['total'] / first['params']['total'])
+    assert mvit['name'] == 'timm.mvitv2_tiny' and mvit['type'] == 'TimmFeatures'
+    assert mvit['params']['total'] == pytest.approx(23.36e6, rel=0.01)  # mvitv2_tiny without head and norm
+    peak = report['peak_tflops']
+    assert peak['matmul_measured'] > 0 and peak['matmul_size'] == 512 and peak['given'] is None
+    for result in report['models']:
+        flops = result['flops']['forward_gflop'] * 1e9
+        assert flops > 0 and result['flops']['train_gflop'] == pytest.approx(3 * flops / 1e9)
+        for mode, factor in (('inference', 1), ('train', 3)):
+            entry = result[mode]
+            assert entry['timing'] == 'perf_counter'
+            achieved = factor * flops / (entry['time_ms']['median'] / 1e3) / 1e12
+            assert entry['achieved_tflops'] == pytest.approx(achieved)
+            assert entry['peak_share'] == pytest.approx(achieved / peak['matmul_measured'])
+    rows = [line for line in markdown.read_text().splitlines() if line.startswith('| `')]
+    assert [row.split('`')[1] for row in rows] == [m['name'] for m in report['models']]
+    assert 'train TFLOP/s' in capsys.readouterr().out
+
+
+def test_forward_flops_are_the_known_count():
+    """timm's Swin-T at 224x224 is 4.5 GMACs with its classifier (the paper's "4.5G FLOPs"); its four stages
+    without the head and final norm are 4.49 G multiply-adds, 8.98 GFLOP in the benchmark's 2-per-MAC count."""
+    workload = Workload(ModelSpec('timm.swin_tiny_patch4_window7_224'), BenchmarkSettings(shape=(224, 224)))
+    assert workload.forward_flops() / 1e9 == pytest.approx(8.98, rel=0.01)
+    doubled = Workload(ModelSpec('timm.swin_tiny_patch4_window7_224'),
+                       BenchmarkSettings(shape=(224, 224), batch_size=2))
+    assert doubled.forward_flops() == 2 * workload.forward_flops()
+
+
+def test_timm_features_pad_the_input_for_their_patch_embedding():
+    """A 70x45 input is padded to 96x64 (multiples of 32) for timm's patch embeddings: four maps at strides 4-32
+    (Swin's channels last, as timm gives them)."""
+    from mmvisatt.analysis.benchmark import TimmFeatures
+    for name, layout in (('swin_tiny_patch4_window7_224', 'NHWC'), ('mvitv2_tiny', 'NCHW')):
+        with torch.no_grad():
+            outs = TimmFeatures(name, (70, 45)).eval()(torch.randn(1, 3, 70, 45))
+        shapes = [tuple(o.shape[1:3] if layout == 'NHWC' else o.shape[2:]) for o in outs]
+        assert shapes == [(24, 16), (12, 8), (6, 4), (3, 2)], name
+
+
+def test_suite_targets():
+    """The suite's models all resolve, and its targets read the report: step ratios bounded from above, FLOP-rate
+    ratios from below; a target whose models are missing is left out."""
+    from mmvisatt.analysis.benchmark import SUITE_TARGETS, SUITES, evaluate_targets, markdown_report, parse_spec
+    for name in SUITES['t-presets']:
+        assert resolve(parse_spec(name), shape=(64, 96)).is_backbone
+    targets = SUITE_TARGETS['t-presets']
+    named = {t[1] for t in targets} | {t[2] for t in targets}
+    assert named <= set(SUITES['t-presets'])
+
+    def model(name, step_ms, tflops):
+        return dict(name=name, train=dict(time_ms=dict(median=step_ms), achieved_tflops=tflops))
+    report = dict(models=[model('timm.swin_tiny_patch4_window7_224', 100., 200.), model('reswin_t', 110., 150.),
+                          model('timm.mvitv2_tiny', 100., 100.), model('remvit_t', 120., 90.),
+                          model('rmt_t', 150., 139.), model('shunted_t', 90., 141.)],
+                  settings=dict(dtype='bf16', batch_size=2, shape=[800, 1333], warmup=3, repeats=10),
+                  machine=dict(gpu='Test GPU', torch='x'), date='today')
+    rows = {row['model']: row for row in evaluate_targets(report, targets)}
+    assert set(rows) == {'reswin_t', 'remvit_t', 'rmt_t', 'shunted_t'}
+    assert rows['reswin_t']['ratio'] == pytest.approx(1.1) and rows['reswin_t']['met']
+    assert rows['remvit_t']['ratio'] == pytest.approx(1.2) and not rows['remvit_t']['met']
+    assert rows['rmt_t']['ratio'] == pytest.approx(0.695) and not rows['rmt_t']['met']
+    assert rows['shunted_t']['ratio'] == pytest.approx(0.705) and rows['shunted_t']['met']
+    report['targets'] = list(rows.values())
+    text = markdown_report(report)
+    assert 'Test GPU' in text and '| remvit_t / ReMViTv2-T' not in text
+    assert '| ReMViTv2-T train step / timm MViTv2-T | 1.20 | <= 1.15 | **no** |' in text
+
+
 def test_summarize():
     stats = summarize([5.0, 1.0, 3.0, 2.0, 4.0])
     assert (stats['median'], stats['q1'], stats['q3'], stats['iqr']) == (3.0, 2.0, 4.0, 2.0)
@@ -171,7 +253,10 @@ def test_summarize():
     (['--backbone', 'RMT', '--arch', 'zz'], "Unknown RMT arch 'zz'"),
     (['configs/no_such_config.py'], 'does not exist'),
     (['--backbone', 'RMT', '--dtype', 'bf16', '--shape', '0'], 'shape must be two positive integers'),
-    ([], 'either a CONFIG file or --backbone'),
+    ([], 'one of a CONFIG file, --backbone NAME or --suite NAME'),
+    (['--suite', 't-presets', '--backbone', 'RMT'], 'one of a CONFIG file, --backbone NAME or --suite NAME'),
+    (['--backbone', 'timm.no_such_net'], "timm {} has no model 'no_such_net'".format(__import__('timm').__version__)),
+    (['--backbone', 'timm.mvitv2_tiny', '--arch', 't'], 'whose name is its arch'),
     (['--backbone', 'mmdet.SwinTransformer', '--arch', 't', '--measure', 'inference'], 'takes no `arch`'),
 ])
 def test_bad_requests_give_clear_errors(argv, message):
@@ -322,3 +407,26 @@ def test_allocator_option_reexecutes_with_the_setting(allocator, tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert f'allocator {allocator}' in proc.stdout
     assert json.loads(out.read_text())['allocator'] == allocator
+
+
+@pytest.mark.slow
+def test_gpu_check_script_runs_on_the_cpu(tmp_path):
+    """``tools/gpu_check.sh run --device cpu --quick``: every step runs (the CUDA tests skip with their reason) and
+    leaves its results, the suite's twelve models and targets among them."""
+    env = dict(os.environ, OUT=str(tmp_path), GPU_CHECK_PYTHON=sys.executable)
+    proc = subprocess.run(['bash', osp.join(ROOT, 'tools', 'gpu_check.sh'), 'run', '--device', 'cpu', '--quick'],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        'benchmark.json', 'benchmark.log', 'benchmark.md', 'cuda_tests.log', 'cuda_tests.xml', 'decay_attention.json',
+        'env.txt']
+    assert 'torch' in (tmp_path / 'env.txt').read_text()
+    tests_log = (tmp_path / 'cuda_tests.log').read_text()
+    assert re.search(r'\d+ skipped', tests_log) and 'needs a CUDA GPU' in tests_log and 'failed' not in tests_log
+    report = json.loads((tmp_path / 'benchmark.json').read_text())
+    assert report['suite'] == 't-presets' and len(report['models']) == 12 and len(report['targets']) == 10
+    assert all(m['train']['achieved_tflops'] > 0 for m in report['models'])
+    assert (tmp_path / 'benchmark.md').read_text().count('| `') == 12
+    decay = json.loads((tmp_path / 'decay_attention.json').read_text())
+    assert {row['way'] for row in decay['rows']} == {'mask + sdpa', 'flex score_mod'} and len(decay['rows']) == 6
+    assert all(row['relative_difference'] < 1e-5 for row in decay['rows'])

@@ -8,46 +8,19 @@ single path: its scores are materialised whatever computes the softmax.
 """
 import pytest
 import torch
+from mmengine.registry import MODELS
 
-from mmvisatt.models.backbones import EVT, FAN, RMT, ReMViTv2, ReViT, ShuntedTransformer
 from mmvisatt.models.layers.layout import map_to_tokens, tokens_to_map
+from mmvisatt.testing.cases import TWO_PATH_CASES, fused_reference_pair
 
-SMALL = dict(embed_dims=(16, 32, 32, 64), num_heads=(2, 2, 4, 4))
-CASES = {
-    'rmt': (RMT, dict(arch=dict(SMALL, depths=(1, 2, 1, 1), decomposed=(True, True, False, False),
-                                layer_scales=(False, False, True, True)))),
-    'evt': (EVT, dict(arch=dict(SMALL, depths=(2, 2, 1, 1)))),
-    'evt_swin': (EVT, dict(arch=dict(style='swin', embed_dims=(16, 32, 32, 64), depths=(2, 2, 2, 2),
-                                     num_heads=(1, 2, 2, 4)))),
-    'shunted': (ShuntedTransformer, dict(arch=dict(SMALL, depths=(1, 1, 1, 1), mlp_ratios=(2, 2, 2, 2),
-                                                   sr_ratios=(8, 4, 2, 1)))),
-    'fan_vit': (FAN, dict(arch=dict(form='vit', embed_dims=32, depth=2, num_heads=2))),
-    'fan_hybrid': (FAN, dict(arch=dict(form='hybrid', embed_dims=32, depth=3, num_heads=2, stem_depths=(1, 1),
-                                       stem_dims=(16, 24), out_block=1, down_channels=40))),
-    'fan_swin': (FAN, dict(arch=dict(form='swin', embed_dims=16, depths=(1, 2, 1, 1), num_heads=(1, 2, 2, 4)))),
-    'revit': (ReViT, dict(arch=dict(embed_dims=32, depth=3, num_heads=4))),
-    'remvit': (ReMViTv2, dict(arch=dict(embed_dims=16, depths=(1, 2, 1, 1), num_heads=1))),
-}
+CASES = TWO_PATH_CASES
 # float64 compares the two formulas; float32 what a user runs (the fused kernels sum in another order).
 TOLERANCES = {torch.float64: dict(rtol=1e-9, atol=1e-10), torch.float32: dict(rtol=1e-4, atol=1e-4)}
 
 
 def _pair(name: str, dtype: torch.dtype):
-    cls, kwargs = CASES[name]
-    torch.manual_seed(0)
-    fast_model = cls(drop_path_rate=0., fused_attn=True, **kwargs)
-    with torch.no_grad():
-        # weights away from their identity-like initial values (layer scales of 1e-6 would hide attention)
-        for p in fast_model.parameters():
-            p.add_(torch.randn_like(p) * 0.05)
-        # and running statistics away from (0, 1)
-        for m in fast_model.modules():
-            if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
-                m.running_mean.uniform_(-0.5, 0.5)
-                m.running_var.uniform_(0.5, 2)
-    reference_model = cls(drop_path_rate=0., fused_attn=False, **kwargs)
-    reference_model.load_state_dict(fast_model.state_dict())
-    return fast_model.to(dtype).eval(), reference_model.to(dtype).eval()
+    fast_model, reference_model = fused_reference_pair(*CASES[name])
+    return fast_model.to(dtype), reference_model.to(dtype)
 
 
 @pytest.mark.parametrize('dtype', [torch.float64, torch.float32], ids=['float64', 'float32'])
@@ -85,8 +58,7 @@ def test_block_inputs_are_contiguous_tokens(name):
     (NCHW memory read as (B, H, W, C)) is a valid input, and the same numbers come out, but every add inherits its
     layout and every norm and projection of the stage then works across strides: EVT-T at 800x1216 spent a
     quarter of its forward that way."""
-    cls, kwargs = CASES[name]
-    model = cls(**kwargs).eval()
+    model = MODELS.build(dict(type=CASES[name][0], **CASES[name][1])).eval()
     strided = []
     norms = [(n, m) for n, m in model.named_modules()
              if isinstance(m, torch.nn.LayerNorm) and 'blocks' in n and n.rsplit('.', 1)[-1] in ('norm1', 'norm2')]

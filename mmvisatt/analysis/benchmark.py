@@ -35,6 +35,14 @@ keep their own glibc setting.
 ``dtype`` ``bf16`` / ``fp16`` mean autocast mixed precision with float32 weights (what mmengine's
 ``AmpOptimWrapper`` does); fp16 training scales the loss with a ``GradScaler``.
 
+On CUDA every pass is timed by CUDA events. A timed backbone also reports its FLOPs (one inference forward of the
+batch, counted by the model zoo's counter on the meta device, 2 per multiply-add) and the achieved TFLOP/s of each
+mode (a training step counted as three forwards), as a share of the device's peak: a large matrix product's rate
+measured in the same run and dtype, or the value given. Several models run side by side in one process (the
+first is the reference of the others' ratios); ``timm.NAME`` is a timm model's multi-scale features
+(:class:`TimmFeatures`), and a suite (:data:`SUITES`) names a set of models with its targets
+(:data:`SUITE_TARGETS`).
+
 ``tools/analysis/benchmark.py`` is the command line; ``docs/benchmarks.md`` holds measured tables.
 """
 import argparse
@@ -56,6 +64,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 from mmengine.config import Config, ConfigDict, DictAction
 from mmengine.registry import MODELS, DefaultScope
 
@@ -74,6 +83,13 @@ ALLOCATORS = ('default', 'jemalloc', 'glibc-retain')
 _ALLOCATOR_MARK = 'MMVISATT_ALLOCATOR'
 _ALLOCATOR_VARS = ('LD_PRELOAD', 'MALLOC_CONF', *GLIBC_RETAIN)
 _MIB = 2.0 ** 20
+TIMM_PREFIX = 'timm.'
+# the models the GPU table compares side by side in one process (docs/benchmarks.md): every form's T-size preset
+# (ReViT's smallest is B) and timm's Swin-T and MViTv2-T, the anchors users compare with
+SUITES = {
+    't-presets': ('reswin_t', 'remvit_t', 'revit_b', 'rmt_t', 'evt_t', 'evt_swin_t', 'fan_vit_t', 'fan_hybrid_t',
+                  'fan_swin_t', 'shunted_t', 'timm.swin_tiny_patch4_window7_224', 'timm.mvitv2_tiny'),
+}
 
 
 class BenchmarkError(ValueError):
@@ -266,6 +282,8 @@ def resolve(spec: ModelSpec, with_cp: Optional[bool] = None,
             model, optim = model['backbone'], None
         else:
             is_backbone = False
+    elif spec.source.startswith(TIMM_PREFIX):
+        model = _timm_backbone(spec, shape)
     elif spec.source in backbone_presets(spec.config_dir):
         preset = Config.fromfile(osp.join(spec.config_dir, '_base_', 'backbones', f'{spec.source}.py'))
         if 'preset' not in preset or 'backbone' not in preset.preset:
@@ -278,7 +296,8 @@ def resolve(spec: ModelSpec, with_cp: Optional[bool] = None,
         raise BenchmarkError(
             f"Unknown backbone '{spec.source}': it is not a model type in the registry (mmvisatt types such as "
             f"RMT, ShuntedTransformer, FAN, ReSwinTransformer; other libraries with their scope, e.g. "
-            f"mmdet.SwinTransformer), not a backbone preset ({presets}) and not a config file (*.py).")
+            f"mmdet.SwinTransformer), not a timm model (timm.NAME, e.g. timm.mvitv2_tiny), not a backbone preset "
+            f"({presets}) and not a config file (*.py).")
     backbone = model if is_backbone else model.get('backbone')
     if backbone is None:
         if spec.arch is not None or spec.options or with_cp is not None:
@@ -294,6 +313,51 @@ def resolve(spec: ModelSpec, with_cp: Optional[bool] = None,
     if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
         _single_process_norms(model)
     return Resolved(model, is_backbone, scope, optim)
+
+
+class TimmFeatures(nn.Module):
+    """A timm model as a backbone of the benchmark, built for the input size it will see.
+
+    ``features_only`` (default) returns timm's multi-scale features (``out_indices`` 0-3, strides 4-32), the
+    counterpart of a dense backbone; False returns ``forward_features`` (the last stage, normalised). The input is
+    zero-padded to a multiple of ``pad_to`` (32, as mmdet's data preprocessor pads a detector's batch), since
+    timm's patch embeddings take no other sizes. MViTv2 sizes its relative-position tables for a square grid (it
+    asserts a square ``img_size``) but reads the grid from the input, so the longer side gives its build size:
+    the tables' extra rows are never read and the compute is that of the actual input.
+    """
+
+    def __init__(self, model_name: str, img_size: Tuple[int, int], features_only: bool = True, pad_to: int = 32,
+                 with_cp: bool = False, **kwargs):
+        super().__init__()
+        import timm
+        size = tuple(-(-int(s) // pad_to) * pad_to for s in img_size)
+        if model_name.startswith('mvitv2'):
+            size = (max(size), ) * 2
+        extra = dict(features_only=True, out_indices=(0, 1, 2, 3)) if features_only else dict(num_classes=0)
+        self.model = timm.create_model(model_name, pretrained=False, img_size=size, **extra, **kwargs)
+        self.features_only = features_only
+        self.pad_to = pad_to
+        self.with_cp = with_cp
+        if with_cp:
+            self.model.set_grad_checkpointing(True)
+
+    def forward(self, x: torch.Tensor):
+        height, width = x.shape[-2:]
+        x = F.pad(x, (0, -width % self.pad_to, 0, -height % self.pad_to))
+        return tuple(self.model(x)) if self.features_only else self.model.forward_features(x)
+
+
+def _timm_backbone(spec: ModelSpec, shape: Optional[Tuple[int, int]]) -> dict:
+    """The config of a ``timm.NAME`` spec: a :class:`TimmFeatures` built for ``shape``."""
+    import timm
+    name = spec.source[len(TIMM_PREFIX):]
+    if not timm.is_model(name):
+        raise BenchmarkError(f"timm {timm.__version__} has no model '{name}'; name one of timm.list_models(), e.g. "
+                             "timm.swin_tiny_patch4_window7_224 or timm.mvitv2_tiny.")
+    if spec.arch is not None:
+        raise BenchmarkError(f'{spec.source} is a timm model, whose name is its arch: drop the arch '
+                             f'{spec.arch!r}.')
+    return dict(type=TIMM_PREFIX, model_name=name, img_size=tuple(shape or (224, 224)))
 
 
 @contextlib.contextmanager
@@ -316,9 +380,11 @@ def build_model(resolved: Resolved, label: str) -> nn.Module:
     # task models read their sub-configs as attributes (train_cfg.rpn)
     cfg = ConfigDict(copy.deepcopy(resolved.cfg))
     try:
+        if cfg.get('type') == TIMM_PREFIX:
+            return TimmFeatures(**{k: v for k, v in resolved.cfg.items() if k != 'type'})
         with DefaultScope.overwrite_default_scope(resolved.scope):
             model = MODELS.build(cfg)
-    except (TypeError, ValueError, KeyError) as error:
+    except (TypeError, ValueError, KeyError, AssertionError) as error:
         hint = ''
         if "keyword argument 'with_cp'" in str(error):
             hint = ' This backbone has no activation checkpointing switch: drop --with-cp.'
@@ -488,6 +554,17 @@ class Workload:
                     backbone=type(self.backbone).__name__ if self.backbone is not None else None,
                     with_cp=self.with_cp, params=self.parameters())
 
+    def forward_flops(self) -> Optional[int]:
+        """FLOPs (2 per multiply-add) of one inference forward of the batch, counted by the model zoo's counter
+        (matrix products, attention and convolutions) on a copy on the meta device, which does no arithmetic;
+        None for a whole task model, whose heads' cost depends on its proposals."""
+        if self.kind != 'backbone':
+            return None
+        from .model_zoo import count_multiply_adds
+        model = copy.deepcopy(self.model).to('meta').eval()
+        x = torch.empty(self.batch.shape, device='meta')
+        return 2 * count_multiply_adds(lambda: model(x))
+
     def infer(self) -> Any:
         self.model.eval()
         with torch.no_grad(), self.autocast():
@@ -580,31 +657,83 @@ def time_pass(run: Callable[[], Any], clock: Callable[[], float],
     return elapsed, usage, result
 
 
-def _synchronize(device: str) -> None:
-    if torch.device(device).type == 'cuda':
-        torch.cuda.synchronize(device)
+def time_pass_cuda(run: Callable[[], Any], device: str) -> Tuple[float, Any]:
+    """Call ``run()`` once between two CUDA events on ``device``'s current stream: (milliseconds of GPU time
+    between them, what it returned). The host does not wait for the GPU inside the pass, as in training."""
+    with torch.cuda.device(device):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        result = run()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end), result
 
 
 def time_passes(workload: Workload, mode: str) -> dict:
-    """``warmup`` untimed then ``repeats`` timed passes of ``mode``; times in ms and throughput in images/s."""
+    """``warmup`` untimed then ``repeats`` timed passes of ``mode``; times in ms and throughput in images/s.
+
+    On CUDA each pass is timed by CUDA events (``timing: 'cuda events'``); on the CPU by ``clock``."""
     settings = workload.settings
-    clock = CLOCKS[settings.clock]
     for _ in range(settings.warmup):
         workload.run(mode)
-    split = settings.clock == 'cpu' and cpu_usage() is not None
+    cuda = torch.device(settings.device).type == 'cuda'
+    split = not cuda and settings.clock == 'cpu' and cpu_usage() is not None
     times, usages = [], []
+    if cuda:
+        torch.cuda.synchronize(settings.device)
     for _ in range(settings.repeats):
-        _synchronize(settings.device)
-        elapsed, usage, _ = time_pass(lambda: (workload.run(mode), _synchronize(settings.device)), clock, split)
-        times.append(elapsed * 1e3)
-        if split:
-            usages.append(usage)
+        if cuda:
+            elapsed_ms, _ = time_pass_cuda(lambda: workload.run(mode), settings.device)
+        else:
+            elapsed, usage, _ = time_pass(lambda: workload.run(mode), CLOCKS[settings.clock], split)
+            elapsed_ms = elapsed * 1e3
+            if split:
+                usages.append(usage)
+        times.append(elapsed_ms)
     stats = summarize(times)
     result = dict(time_ms=stats, throughput=settings.batch_size / (stats['median'] / 1e3),
-                  times_ms=[round(t, 3) for t in times])
+                  times_ms=[round(t, 3) for t in times],
+                  timing='cuda events' if cuda else {'wall': 'perf_counter', 'cpu': 'process_time'}[settings.clock])
     if split:
         result['cpu_split'] = cpu_split(usages)
     return result
+
+
+def matmul_peak_tflops(settings: BenchmarkSettings, size: Optional[int] = None, repeats: int = 10) -> dict:
+    """The rate of the work these models are made of, on the benchmark's device and dtype, in the same process: a
+    square matrix product of ``size`` (8192 on CUDA, 512 on the CPU) in the dtype autocast gives a linear layer
+    (float32 keeps torch's TF32 setting), median of ``repeats`` after three untimed ones, timed like the passes."""
+    device = settings.device
+    cuda = torch.device(device).type == 'cuda'
+    n = size or (8192 if cuda else 512)
+    generator = torch.Generator(device=device).manual_seed(settings.seed)
+    a, b = (torch.randn(n, n, generator=generator, device=device).to(DTYPES[settings.dtype]) for _ in range(2))
+    for _ in range(3):
+        a @ b
+    times_ms = []
+    if cuda:
+        torch.cuda.synchronize(device)
+    for _ in range(repeats):
+        if cuda:
+            times_ms.append(time_pass_cuda(lambda: a @ b, device)[0])
+        else:
+            times_ms.append(time_pass(lambda: a @ b, time.perf_counter, False)[0] * 1e3)
+    median = statistics.median(times_ms)
+    return dict(matmul_measured=2 * n ** 3 / (median / 1e3) / 1e12, matmul_size=n, dtype=settings.dtype,
+                matmul_ms=median)
+
+
+def add_flop_rates(result: dict, flops: int, peak_tflops: Optional[float]) -> None:
+    """Achieved TFLOP/s of each timed mode (a training step counted as three forwards: the forward, and the
+    backward's two products per forward product), and its share of ``peak_tflops``."""
+    result['flops'] = dict(forward_gflop=flops / 1e9, train_gflop=3 * flops / 1e9,
+                           convention='2 FLOPs per multiply-add; a training step = 3 forwards')
+    for mode, factor in (('inference', 1), ('train', 3)):
+        if mode in result:
+            achieved = factor * flops / (result[mode]['time_ms']['median'] / 1e3) / 1e12
+            result[mode]['achieved_tflops'] = achieved
+            if peak_tflops:
+                result[mode]['peak_share'] = achieved / peak_tflops
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -735,9 +864,10 @@ def _meminfo_kib(name: str) -> int:
     return 0
 
 
-def benchmark_model(spec: ModelSpec, settings: BenchmarkSettings,
-                    measure: Sequence[str] = MEASUREMENTS) -> dict:
-    """Every measurement of ``measure`` for one model; see the module docstring for what each one is."""
+def benchmark_model(spec: ModelSpec, settings: BenchmarkSettings, measure: Sequence[str] = MEASUREMENTS,
+                    peak_tflops: Optional[float] = None) -> dict:
+    """Every measurement of ``measure`` for one model; see the module docstring for what each one is. A timed
+    backbone also gets its FLOPs and the achieved TFLOP/s (as a share of ``peak_tflops`` when given)."""
     unknown = set(measure) - set(MEASUREMENTS)
     if unknown:
         raise BenchmarkError(f'Unknown measurement(s) {sorted(unknown)}; choose from {list(MEASUREMENTS)}.')
@@ -750,6 +880,9 @@ def benchmark_model(spec: ModelSpec, settings: BenchmarkSettings,
         result.update(workload.describe())
     for mode in timed:
         result[mode] = time_passes(workload, mode)
+    flops = workload.forward_flops() if timed else None
+    if flops:
+        add_flop_rates(result, flops, peak_tflops)
     memory = {}
     for mode in ('inference', 'train'):
         if f'{mode}-memory' in measure:
@@ -774,6 +907,10 @@ METRICS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
     ('train throughput (img/s)', ('train', 'throughput')),
     ('train user time (ms, median)', ('train', 'cpu_split', 'user_ms', 'median')),
     ('train system time (ms, median)', ('train', 'cpu_split', 'system_ms', 'median')),
+    ('forward GFLOP', ('flops', 'forward_gflop')),
+    ('inference TFLOP/s', ('inference', 'achieved_tflops')),
+    ('train TFLOP/s', ('train', 'achieved_tflops')),
+    ('train share of peak', ('train', 'peak_share')),
     ('inference peak (MiB)', ('memory', 'inference', 'peak_mib')),
     ('inference step peak (MiB)', ('memory', 'inference', 'step_peak_mib')),
     ('train peak (MiB)', ('memory', 'train', 'peak_mib')),
@@ -801,21 +938,31 @@ def compare_results(first: dict, second: dict) -> Dict[str, float]:
 
 
 def run_benchmark(specs: Sequence[ModelSpec], settings: BenchmarkSettings,
-                  measure: Sequence[str] = MEASUREMENTS, log: Optional[Callable[[str], None]] = None) -> dict:
-    """Benchmark one model, or two side by side (ratios second / first). Returns the JSON-ready report."""
-    if not 1 <= len(specs) <= 2:
-        raise BenchmarkError(f'Benchmark one model or compare two, got {len(specs)}.')
+                  measure: Sequence[str] = MEASUREMENTS, log: Optional[Callable[[str], None]] = None,
+                  peak_tflops: Optional[float] = None) -> dict:
+    """Benchmark one model or several side by side in this process (each later one gets ``ratios`` to the first;
+    with two, the report's ``ratios`` are second / first). Timed runs measure the device's matrix-product rate
+    first (``peak_tflops``: its measurement, and ``given``, the value passed here, which the shares then use).
+    Returns the JSON-ready report."""
+    if not specs:
+        raise BenchmarkError('Name a model to benchmark.')
     if settings.threads:
         torch.set_num_threads(settings.threads)
     report = dict(tool='mmvisatt benchmark', date=time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime()),
                   machine=machine_info(settings), settings=asdict(settings), measure=list(measure), models=[],
                   allocator=current_allocator())
+    if {'inference', 'train'} & set(measure):
+        report['peak_tflops'] = dict(matmul_peak_tflops(settings), given=peak_tflops)
+        peak_tflops = peak_tflops or report['peak_tflops']['matmul_measured']
     for spec in specs:
         if log:
             log(f'benchmarking {spec.label} ...')
-        report['models'].append(benchmark_model(spec, settings, measure))
+        result = benchmark_model(spec, settings, measure, peak_tflops)
+        if report['models']:
+            result['ratios'] = compare_results(report['models'][0], result)
+        report['models'].append(result)
     if len(specs) == 2:
-        report['ratios'] = compare_results(*report['models'])
+        report['ratios'] = report['models'][1]['ratios']
     return report
 
 
@@ -825,6 +972,10 @@ def _cell(result: dict, path: Sequence[str]) -> str:
         return '-'
     if path[0] == 'params':
         return f'{value / 1e6:.2f}'
+    if path[-1] == 'peak_share':
+        return f'{100 * value:.1f}%'
+    if path[-1] in ('achieved_tflops', 'forward_gflop'):
+        return f'{value:.3g}'
     if path[-1] == 'median':
         iqr = _get(result, list(path[:-1]) + ['iqr'])
         return f'{value:.1f} ± {iqr / 2:.1f}'
@@ -858,12 +1009,86 @@ def format_report(report: dict) -> str:
             title += f", allocator {report['allocator']}"
     if {'inference-memory', 'train-memory'} & set(report['measure']):
         title += f", peak memory of {s['memory_steps']} passes"
+    peak = report.get('peak_tflops')
+    if peak:
+        title += f"; peak {peak['given'] or peak['matmul_measured']:.3g} TFLOP/s (" + (
+            'given' if peak['given'] else f"{peak['matmul_size']}^3 {peak['dtype']} matmul") + ')'
     lines = [title,
              '  '.join(h.ljust(w) if i == 0 else h.rjust(w) for i, (h, w) in enumerate(zip(header, widths))),
              '  '.join('-' * w for w in widths)]
     for row in rows:
         lines.append('  '.join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))))
     return '\n'.join(lines)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Targets of a suite, and the Markdown table
+
+_SWIN_T, _MVIT_T = 'timm.swin_tiny_patch4_window7_224', 'timm.mvitv2_tiny'
+# suite -> (label, model, anchor, kind, bound): 'step' targets bound model's train step / the anchor's; 'rate'
+# targets bound model's achieved train TFLOP/s / the anchor's from below
+SUITE_TARGETS = {
+    't-presets': [('ReSwin-T train step / timm Swin-T', 'reswin_t', _SWIN_T, 'step', 1.15),
+                  ('ReMViTv2-T train step / timm MViTv2-T', 'remvit_t', _MVIT_T, 'step', 1.15)] + [
+        (f'{name} train TFLOP/s / timm Swin-T', name, _SWIN_T, 'rate', 0.70)
+        for name in ('revit_b', 'rmt_t', 'evt_t', 'evt_swin_t', 'fan_vit_t', 'fan_hybrid_t', 'fan_swin_t',
+                     'shunted_t')],
+}
+
+
+def evaluate_targets(report: dict, targets: Sequence[tuple]) -> List[dict]:
+    """Each target of ``targets`` (see :data:`SUITE_TARGETS`) against the report's models: the measured ratio and
+    whether it is met; a target whose models or times are missing from the report is left out."""
+    by_name = {m['name']: m for m in report['models']}
+    rows = []
+    for label, name, anchor, kind, bound in targets:
+        path = ('train', 'time_ms', 'median') if kind == 'step' else ('train', 'achieved_tflops')
+        if name not in by_name or anchor not in by_name:
+            continue
+        value, reference = _get(by_name[name], path), _get(by_name[anchor], path)
+        if value is None or not reference:
+            continue
+        ratio = value / reference
+        rows.append(dict(target=label, model=name, anchor=anchor, ratio=ratio, bound=bound,
+                         met=ratio <= bound if kind == 'step' else ratio >= bound,
+                         relation='<=' if kind == 'step' else '>='))
+    return rows
+
+
+def _md(value: Optional[float], spec: str = ',.1f') -> str:
+    return '-' if value is None else format(value, spec)
+
+
+def markdown_report(report: dict) -> str:
+    """The report as a Markdown table for docs/benchmarks.md: the setting and device, one row per model, and the
+    targets with what was measured."""
+    s, machine = report['settings'], report['machine']
+    device = machine.get('gpu') or machine.get('cpu')
+    lines = [f"{device}, torch {machine['torch']}, {s['dtype']}, {s['batch_size']} x {s['shape'][0]}x{s['shape'][1]}, "
+             f"warm-up {s['warmup']}, median of {s['repeats']} passes timed by "
+             f"{_get(report['models'][0], ('train', 'timing')) or _get(report['models'][0], ('inference', 'timing'))}"
+             f", {report['date']}."]
+    peak = report.get('peak_tflops')
+    if peak:
+        lines[0] += (f" Peak: {peak['matmul_size']}^3 {peak['dtype']} matmul {peak['matmul_measured']:.3g} TFLOP/s"
+                     + (f", shares of the given {peak['given']:.3g}" if peak['given'] else '') + '.')
+    lines += ['', '| model | params (M) | forward GFLOP | inference (ms) | train step (ms) | train peak (MiB) | '
+              'train TFLOP/s | share of peak |', '|---|---|---|---|---|---|---|---|']
+    for m in report['models']:
+        params = _get(m, ('params', 'total'))
+        share = _get(m, ('train', 'peak_share'))
+        lines.append(f"| `{m['name']}` | {_md(params and params / 1e6, '.2f')} "
+                     f"| {_md(_get(m, ('flops', 'forward_gflop')), '.3g')} "
+                     f"| {_md(_get(m, ('inference', 'time_ms', 'median')), ',.2f')} "
+                     f"| {_md(_get(m, ('train', 'time_ms', 'median')), ',.2f')} "
+                     f"| {_md(_get(m, ('memory', 'train', 'peak_mib')), ',.0f')} "
+                     f"| {_md(_get(m, ('train', 'achieved_tflops')), '.3g')} | {_md(share, '.1%')} |")
+    if report.get('targets'):
+        lines += ['', '| target | measured | bound | met |', '|---|---|---|---|']
+        for t in report['targets']:
+            lines.append(f"| {t['target']} | {t['ratio']:.2f} | {t['relation']} {t['bound']:.2f} | "
+                         f"{'yes' if t['met'] else '**no**'} |")
+    return '\n'.join(lines) + '\n'
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -893,8 +1118,13 @@ def build_parser() -> argparse.ArgumentParser:
                         help='override backbone arguments (both models), e.g. drop_path_rate=0.2')
     parser.add_argument('--cfg-options', nargs='+', action=DictAction, default={}, metavar='KEY=VALUE',
                         help='override settings of CONFIG (and of a compared config)')
-    parser.add_argument('--compare', metavar='SPEC', help="second model, benchmarked in the same process: "
-                        "'Type[:arch]' (mmdet.SwinTransformer, RMT:s), a preset (reswin_t) or a config file")
+    parser.add_argument('--suite', choices=sorted(SUITES),
+                        help='a set of models side by side, with its targets: t-presets = every form\'s T-size '
+                        'preset, timm Swin-T and timm MViTv2-T (' + ', '.join(SUITES['t-presets']) + ')')
+    parser.add_argument('--compare', metavar='SPEC', nargs='+',
+                        help="more models, benchmarked in the same process (ratios to the first): 'Type[:arch]' "
+                        "(mmdet.SwinTransformer, RMT:s), a preset (reswin_t), a timm model (timm.mvitv2_tiny: "
+                        "its multi-scale features) or a config file")
     parser.add_argument('--shape', type=int, nargs='+', default=[224], metavar='N',
                         help='input height and width (one number for a square input; default 224)')
     parser.add_argument('--batch-size', type=int, default=1)
@@ -921,7 +1151,11 @@ def build_parser() -> argparse.ArgumentParser:
                         'glibc-retain (glibc keeps freed memory) or default (the environment as it is); the command '
                         're-executes itself with it')
     parser.add_argument('--config-dir', default=CONFIG_DIR, help='where backbone presets are looked up')
+    parser.add_argument('--peak-tflops', type=float,
+                        help="the device's peak TFLOP/s for the shares of peak (e.g. a datasheet's dense bf16 "
+                        "rate); default: a large matrix product's rate measured in the run")
     parser.add_argument('--out', metavar='FILE.json', help='write the report as JSON')
+    parser.add_argument('--markdown', metavar='FILE.md', help='write the table (and a suite\'s targets) as Markdown')
     return parser
 
 
@@ -969,31 +1203,42 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     """Parse the command line, benchmark, print the table and write ``--out``; returns the report."""
     args = build_parser().parse_args(argv)
     apply_allocator(args.allocator, from_command_line=argv is None)
-    if bool(args.config) == bool(args.backbone):
-        raise BenchmarkError('Give either a CONFIG file or --backbone NAME (not both, not neither).')
+    if sum(map(bool, (args.config, args.backbone, args.suite))) != 1:
+        raise BenchmarkError('Give one of a CONFIG file, --backbone NAME or --suite NAME.')
     if args.backbone_only and not args.config:
         raise BenchmarkError('--backbone-only needs a CONFIG file.')
+    if args.suite and args.arch:
+        raise BenchmarkError('--suite names its models with their archs; drop --arch.')
     common = dict(options=dict(args.backbone_options), cfg_options=dict(args.cfg_options),
                   config_dir=args.config_dir)
     if args.config:
-        first = ModelSpec(args.config, arch=parse_arch(args.arch), backbone_only=args.backbone_only, **common)
+        specs = [ModelSpec(args.config, arch=parse_arch(args.arch), backbone_only=args.backbone_only, **common)]
+    elif args.backbone:
+        specs = [parse_spec(args.backbone, arch=parse_arch(args.arch), **common)]
     else:
-        first = parse_spec(args.backbone, arch=parse_arch(args.arch), **common)
-    specs = [first]
-    if args.compare:
-        specs.append(parse_spec(args.compare, **common))
+        specs = [parse_spec(name, **common) for name in SUITES[args.suite]]
+    specs += [parse_spec(spec, **common) for spec in args.compare or ()]
     shape = args.shape * 2 if len(args.shape) == 1 else args.shape
     settings = BenchmarkSettings(shape=tuple(shape), batch_size=args.batch_size, dtype=args.dtype,
                                  device=args.device, with_cp=args.with_cp, warmup=args.warmup,
                                  repeats=args.repeats, memory_steps=args.memory_steps, threads=args.threads,
                                  seed=args.seed, clock=args.clock)
-    report = run_benchmark(specs, settings, args.measure, log=lambda msg: print(msg, flush=True))
+    report = run_benchmark(specs, settings, args.measure, log=lambda msg: print(msg, flush=True),
+                           peak_tflops=args.peak_tflops)
+    if args.suite:
+        report['suite'] = args.suite
+        report['targets'] = evaluate_targets(report, SUITE_TARGETS.get(args.suite, ()))
     print(format_report(report))
-    if args.out:
-        os.makedirs(osp.dirname(osp.abspath(args.out)), exist_ok=True)
-        with open(args.out, 'w') as f:
-            json.dump(report, f, indent=2)
-        print(f'wrote {args.out}')
+    for target in report.get('targets', ()):
+        print(f"target {target['target']}: {target['ratio']:.2f} ({target['relation']} {target['bound']:.2f}: "
+              f"{'met' if target['met'] else 'NOT met'})")
+    writers = ((args.out, lambda: json.dumps(report, indent=2)), (args.markdown, lambda: markdown_report(report)))
+    for path, text in writers:
+        if path:
+            os.makedirs(osp.dirname(osp.abspath(path)), exist_ok=True)
+            with open(path, 'w') as f:
+                f.write(text())
+            print(f'wrote {path}')
     return report
 
 

@@ -175,7 +175,7 @@ def _counter() -> FlopCounterMode:
         torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _cpu_sdpa_flops})
 
 
-def _count(fn: Callable[[], object]) -> int:
+def count_multiply_adds(fn: Callable[[], object]) -> int:
     """Multiply-adds of the matrix products and convolutions ``fn`` runs."""
     counter = _counter()
     with counter, torch.no_grad():
@@ -273,13 +273,13 @@ def count_macs(model: nn.Module, cfg: Config, scope: str, hw: Tuple[int, int]) -
             feats = model.extract_feat(x)
             if model.with_rpn:
                 model.rpn_head.forward(feats)
-        total = _count(dense) + roi
+        total = count_multiply_adds(dense) + roi
     else:
         model.to('meta')
         # tensor mode is backbone -> neck -> head outputs for every library (mmdet single-stage: dense head;
         # mmseg: decode head only, the auxiliary head is training-only; mmpretrain: neck and head)
-        total = _count(lambda: model(x, mode='tensor'))
-    return total, _count(lambda: model.backbone(x))
+        total = count_multiply_adds(lambda: model(x, mode='tensor'))
+    return total, count_multiply_adds(lambda: model.backbone(x))
 
 
 # --------------------------------------------------------------------------------------------- measuring

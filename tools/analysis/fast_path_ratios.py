@@ -33,8 +33,8 @@ import torch
 from mmengine.registry import MODELS
 
 import mmvisatt.models  # noqa: F401  (registers the backbones)
-from mmvisatt.analysis.benchmark import (ALLOCATORS, CLOCKS, apply_allocator, cpu_split, cpu_usage, current_allocator,
-                                         time_pass)
+from mmvisatt.analysis.benchmark import (ALLOCATORS, CLOCKS, TimmFeatures, apply_allocator, cpu_split, cpu_usage,
+                                         current_allocator, time_pass)
 
 # the backbones with two attention paths under the one ``fused_attn`` switch (ReSwin has one)
 FAMILIES = ('RMT', 'EVT', 'FAN', 'ShuntedTransformer', 'ReViT', 'ReMViTv2')
@@ -43,17 +43,6 @@ DET_CONFIG = osp.join(osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))
 # ReSwinTransformer arguments that mmdet's SwinTransformer takes under the same name and meaning
 SWIN_SHARED_ARGS = ('in_channels', 'patch_size', 'window_size', 'mlp_ratio', 'qkv_bias', 'drop_rate',
                     'attn_drop_rate', 'drop_path_rate', 'out_indices', 'frozen_stages', 'with_cp')
-
-
-class TimmFeatures(torch.nn.Module):
-
-    def __init__(self, name: str, size):
-        super().__init__()
-        import timm
-        self.model = timm.create_model(name, pretrained=False, img_size=size, num_classes=0)
-
-    def forward(self, x):
-        return self.model.forward_features(x)
 
 
 def swin_like(reswin_cfg: dict) -> dict:
@@ -138,11 +127,8 @@ def build_pair(args):
         reswin_cfg = dict(type='ReSwinTransformer', arch='t')
         swin = MODELS.build(swin_like(reswin_cfg))
         return MODELS.build(reswin_cfg), swin, 'ReSwin-T', 'mmdet Swin-T', run
-    # timm's MViTv2 sizes its relative-position tables for a square grid (it asserts img_size is square) but
-    # reads the grid from the input, so a square model of the longer side covers a non-square input; the
-    # tables' extra rows are never read and the compute is that of the actual input
-    side = max(args.shape)
-    return (MODELS.build(dict(type='ReMViTv2', arch='t')), TimmFeatures('mvitv2_tiny', (side, side)),
+    return (MODELS.build(dict(type='ReMViTv2', arch='t')),
+            TimmFeatures('mvitv2_tiny', tuple(args.shape), features_only=False, pad_to=1),
             'ReMViTv2-T', 'timm mvitv2_tiny', run)
 
 
