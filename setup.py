@@ -1,6 +1,14 @@
+import os
 import os.path as osp
+import shutil
+import sys
 
 from setuptools import find_packages, setup
+
+ROOT = osp.dirname(osp.abspath(__file__))
+# what a wheel carries besides the package, as mmdet does: mim and non-editable installs find the configs and
+# tools in mmvisatt/.mim
+MIM_ITEMS = ('configs', 'tools', 'model-index.yml')
 
 
 def read_requirements(name):
@@ -17,6 +25,34 @@ def read_version():
     return scope['__version__']
 
 
+def add_mim_extension():
+    """Fill ``mmvisatt/.mim`` with MIM_ITEMS: symbolic links for an editable install (edits show at once), copies
+    for a wheel, so that an installed package holds its configs and tools. Returns the files to package."""
+    if any(cmd in sys.argv for cmd in ('develop', 'editable_wheel')):
+        mode = 'symlink'
+    elif any(cmd in sys.argv for cmd in ('sdist', 'bdist_wheel', 'build', 'build_py', 'install')):
+        mode = 'copy'
+    else:
+        return []
+    mim = osp.join(ROOT, 'mmvisatt', '.mim')
+    os.makedirs(mim, exist_ok=True)
+    for item in MIM_ITEMS:
+        src, dst = osp.join(ROOT, item), osp.join(mim, item)
+        if osp.islink(dst) or osp.isfile(dst):
+            os.remove(dst)
+        elif osp.isdir(dst):
+            shutil.rmtree(dst)
+        if mode == 'symlink':
+            os.symlink(osp.relpath(src, mim), dst)
+        elif osp.isdir(src):
+            shutil.copytree(src, dst, ignore=shutil.ignore_patterns('__pycache__', '*.pyc'))
+        else:
+            shutil.copyfile(src, dst)
+    package = osp.join(ROOT, 'mmvisatt')
+    return [osp.relpath(osp.join(folder, name), package)
+            for folder, _, names in os.walk(mim, followlinks=True) for name in names]
+
+
 setup(
     name='mmvisatt',
     version=read_version(),
@@ -26,6 +62,7 @@ setup(
     long_description_content_type='text/markdown',
     license='Apache-2.0',
     packages=find_packages(exclude=('configs', 'tools', 'tests', 'docs')),
+    package_data={'mmvisatt': add_mim_extension()},
     python_requires='>=3.8',
     install_requires=read_requirements('runtime.txt'),
     extras_require={

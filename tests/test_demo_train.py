@@ -1,10 +1,11 @@
 """The README's demo, end to end: ``python tools/train.py configs/mask_rcnn_reswin_t_3x.py --demo`` trains the real
-recipe from scratch on the generated data, evaluates COCO bbox and segm mAP before and after, and saves a
-checkpoint; the trained model must be clearly better than the one it started from."""
+recipe from scratch on the generated data, evaluates COCO bbox and segm mAP before and after, writes its pictures
+and saves a checkpoint; the trained model must reach what the README's table says the measured run reached."""
 import glob
 import json
 import os
 import os.path as osp
+import re
 import subprocess
 import time
 
@@ -12,9 +13,18 @@ import pytest
 
 from conftest import CONFIGS, REPO
 
-# An untrained detector scores 0.000-0.001 mAP; the demo reaches about 0.045 bbox / 0.07 segm mAP (README).
-# Ten times the untrained score separates learning from noise with room for thread-scheduling nondeterminism.
-MARGIN = 0.01
+# Below the README's numbers, for thread-scheduling nondeterminism: the run is seeded, and two runs on 2026-12-02
+# gave the same numbers to the third decimal.
+SHARE_OF_README = 0.6
+
+
+def readme_demo_row():
+    """(iteration, bbox mAP, segm mAP) of the README demo table's end-of-training row."""
+    with open(osp.join(REPO, 'README.md')) as f:
+        text = f.read()
+    match = re.search(r'^\| end of training \(iteration (\d+)\) \| ([\d.]+) .*?\| ([\d.]+) .*\|$', text, re.M)
+    assert match, 'README.md has no "| end of training (iteration N) | bbox | segm |" row'
+    return int(match.group(1)), float(match.group(2)), float(match.group(3))
 
 
 @pytest.mark.slow
@@ -35,9 +45,13 @@ def test_demo_trains_evaluates_and_saves(tmp_path, python):
     print(f'demo: {minutes:.1f} min; bbox mAP {first["metrics"]["coco/bbox_mAP"]:.3f} -> '
           f'{last["metrics"]["coco/bbox_mAP"]:.3f}, segm mAP {first["metrics"]["coco/segm_mAP"]:.3f} -> '
           f'{last["metrics"]["coco/segm_mAP"]:.3f}')
-    assert first['iter'] == 0 and last['iter'] > 0
-    for metric in ('coco/bbox_mAP', 'coco/segm_mAP'):
-        assert last['metrics'][metric] > first['metrics'][metric] + MARGIN, (metric, progress)
+    iters, bbox, segm = readme_demo_row()
+    assert first['iter'] == 0 and last['iter'] == iters
+    for metric, readme in (('coco/bbox_mAP', bbox), ('coco/segm_mAP', segm)):
+        assert first['metrics'][metric] < 0.01, (metric, progress)
+        assert last['metrics'][metric] >= SHARE_OF_README * readme, (metric, readme, progress)
+    for picture in ('demo_predictions.png', 'demo_curves.png'):
+        assert osp.isfile(work_dir / picture) and str(work_dir / picture) in proc.stdout + proc.stderr
 
     checkpoints = glob.glob(str(work_dir / 'iter_*.pth'))
     assert [osp.basename(c) for c in checkpoints] == [f'iter_{last["iter"]}.pth']

@@ -157,3 +157,24 @@ def test_bad_input_says_what_to_do(tmp_path):
     for argv in (['--out', str(tmp_path / 'zoo.txt')], ['--configs', 'no_such_*'], ['--stop-flops-at', '8h']):
         with pytest.raises(SystemExit):
             model_zoo.main(argv + ['--no-flops'])
+
+
+def test_get_flops_counts_any_config_as_the_zoo_does(tmp_path, capsys):
+    """tools/analysis/get_flops.py: a generated config gives the zoo's numbers; another input size, and a user
+    config that is no generated one, are counted too."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        'get_flops', osp.join(osp.dirname(CONFIGS), 'tools', 'analysis', 'get_flops.py'))
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    name = 'fpn_shunted_t_80k_ade20k'
+    result = tool.main([osp.join(CONFIGS, f'{name}.py')])
+    with open(osp.join(osp.dirname(CONFIGS), 'docs', 'model_zoo.json')) as f:
+        zoo = json.load(f)['configs'][name]
+    counted = (result['params'], result['macs'], result['backbone_macs'])
+    assert counted == (zoo['params'], zoo['macs'], zoo['backbone_macs'])
+    assert f"{result['macs'] / 1e9:.2f} GFLOPs" in capsys.readouterr().out
+    user = tmp_path / 'my_fpn.py'
+    user.write_text(f"_base_ = [{osp.join(CONFIGS, name + '.py')!r}]\nmodel = dict(decode_head=dict(num_classes=3))\n")
+    small = tool.main([str(user), '--shape', '256', '256'])
+    assert small['input_hw'] == (256, 256) and small['macs'] < result['macs'] / 10

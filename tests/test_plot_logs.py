@@ -101,3 +101,49 @@ def test_plot_demo_run(demo_det_run, tmp_path, capsys):
     assert [i for i, _ in log.val['coco/segm_mAP']] == [0, 3]
     assert {'loss_rpn_cls', 'loss_mask', 'coco/bbox_mAP'} <= set(default_keys(log)[0] + default_keys(log)[1])
     assert osp.isfile(plot_logs_main([demo_det_run]))  # default: WORK_DIR/training_curves.png
+
+
+@pytest.mark.slow
+def test_demo_writes_its_pictures(demo_det_run):
+    """The demo's DemoReportHook: ground truth beside the prediction for each validation image the run has (two
+    here), one row each, and the loss / mAP curves."""
+    from mmvisatt.engine import DemoSettings
+    size = DemoSettings().img_size
+    pictures = imread(osp.join(demo_det_run, 'demo_predictions.png'))
+    assert pictures.shape[:2] == (2 * size, 2 * size)
+    # the ground-truth half has drawn boxes and masks on it: it differs from the plain image
+    assert pictures[:size, :size].std() > 0 and not (pictures[:size, :size] == pictures[:size, size:]).all()
+    assert imread(osp.join(demo_det_run, 'demo_curves.png')).shape[0] > 300
+
+
+def test_demo_pictures_of_a_segmentor_show_ground_truth_and_prediction(tmp_path):
+    """mmseg's visualizer keeps only the prediction half as its current image; the picture must have both."""
+    from types import SimpleNamespace
+
+    import numpy as np
+    from mmengine.config import Config
+    from mmengine.model import revert_sync_batchnorm
+    from mmengine.registry import init_default_scope
+    from mmseg.registry import DATASETS, MODELS, VISUALIZERS
+
+    import mmvisatt.datasets.transforms  # noqa: F401  (CheckImageIntegrity)
+    import mmvisatt.models  # noqa: F401
+    from conftest import CONFIGS
+    from mmvisatt.engine import DemoSettings, to_demo_config
+    from mmvisatt.engine.hooks import DemoReportHook
+
+    init_default_scope('mmseg')
+    cfg = to_demo_config(Config.fromfile(osp.join(CONFIGS, 'fpn_reswin_t_80k_ade20k.py')), train=False)
+    cfg.model.backbone.arch = dict(embed_dims=16, depths=(1, 1, 1, 1), num_heads=(1, 1, 2, 2))
+    cfg.model.neck.in_channels = [16, 32, 64, 128]
+    dataset = DATASETS.build(cfg.val_dataloader.dataset)
+    visualizer = VISUALIZERS.build(dict(cfg.visualizer, name='seg_demo_pictures', save_dir=str(tmp_path)))
+    model = revert_sync_batchnorm(MODELS.build(cfg.model))  # SyncBN has no CPU kernel
+    runner = SimpleNamespace(val_loop=object(), val_dataloader=SimpleNamespace(dataset=dataset), model=model,
+                             visualizer=visualizer, work_dir=str(tmp_path))
+    path = DemoReportHook(num_images=2)._predictions(runner)
+    size = DemoSettings().img_size
+    pictures = imread(path)
+    assert pictures.shape[:2] == (2 * size, 2 * size)
+    # an untrained model's class map is not the ground truth's
+    assert not np.array_equal(pictures[:size, :size], pictures[:size, size:])

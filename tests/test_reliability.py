@@ -88,15 +88,16 @@ def _kill_leftovers(work_dir: str) -> None:
                 os.kill(int(pid), signal.SIGKILL)
 
 
-def _run(config: str, work_dir, options, procs: int = 1, extra=(), expect_kill: bool = False):
+def _run(config: str, work_dir, options, procs: int = 1, extra=(), expect_kill: bool = False, demo: bool = True,
+         env=None):
     """tools/train.py (or tools/dist_train.sh) in a subprocess, one thread per process: bitwise comparisons need
     the same thread count in every run."""
-    env = dict(os.environ, OMP_NUM_THREADS='1', PYTHON=sys.executable, PORT=str(_free_port()))
+    env = dict(os.environ, OMP_NUM_THREADS='1', PYTHON=sys.executable, PORT=str(_free_port()), **(env or {}))
     if procs == 1:
         cmd = [sys.executable, osp.join(REPO, 'tools', 'train.py'), config]
     else:
         cmd = ['bash', osp.join(REPO, 'tools', 'dist_train.sh'), config, str(procs)]
-    cmd += ['--demo', '--work-dir', str(work_dir), *extra, '--cfg-options', *options]
+    cmd += ['--demo'] * demo + ['--work-dir', str(work_dir), *extra, '--cfg-options', *options]
     log_file = f'{work_dir}.log'
     # Output to a file and a session of its own: a SIGKILLed trainer leaves its dataloader worker behind, blocked
     # for good on its result queue and holding any pipe it inherited; the whole session is killed at the end.
@@ -233,6 +234,105 @@ def test_killed_distributed_run_resumes_bitwise_exactly(tiny_configs, tmp_path):
     assert len(_ckpt(work / 'iter_4.pth')['rng_states']) == 2  # one per rank
     _run(config, work, RESUME_OPTIONS, procs=2, extra=['--resume'])
     _assert_bitwise_equal(_ckpt(tmp_path / 'reference' / 'iter_6.pth'), _ckpt(work / 'iter_6.pth'))
+
+
+# An epoch-based run of the tiny Mask R-CNN on the demo data (its real train pipeline, the aspect-ratio batch
+# sampler, a persistent dataloader worker), whose workers write every image they load to $LOAD_LOG.
+RECORD_LOADS = """import os
+
+from mmcv.transforms import BaseTransform
+from mmengine.registry import TRANSFORMS
+
+
+@TRANSFORMS.register_module()
+class RecordLoads(BaseTransform):
+    def transform(self, results):
+        with open(os.environ['LOAD_LOG'], 'a') as f:
+            f.write(f"{os.environ.get('RANK', '0')} {os.path.basename(results['img_path'])}\\n")
+        return results
+"""
+
+
+@pytest.fixture(scope='module')
+def epoch_based_config(tiny_configs, tmp_path_factory):
+    from mmvisatt.engine.demo import to_demo_config
+    root = tmp_path_factory.mktemp('epoch_based')
+    (root / 'record_loads.py').write_text(RECORD_LOADS)
+    cfg = to_demo_config(Config.fromfile(tiny_configs['mask_rcnn']), train=False)
+    cfg.custom_imports.imports.append('record_loads')
+    cfg.train_dataloader.dataset.pipeline.insert(1, dict(type='RecordLoads'))
+    cfg.train_cfg = dict(type='ResumableEpochBasedTrainLoop', max_epochs=2, val_interval=1)
+    # the lr decays at the start of the second epoch, so the resumed schedulers are checked too
+    cfg.param_scheduler = [dict(type='LinearLR', start_factor=0.1, by_epoch=False, begin=0, end=3),
+                           dict(type='MultiStepLR', by_epoch=True, begin=0, end=2, milestones=[1], gamma=0.1)]
+    cfg.default_hooks.checkpoint = dict(type='AtomicCheckpointHook', interval=1, mid_epoch_interval=2,
+                                        mid_epoch_max_keep=2)
+    cfg.randomness = dict(seed=0, deterministic=True)
+    for key in ('val_dataloader', 'val_cfg', 'val_evaluator'):
+        cfg[key] = None
+    path = str(root / 'tiny_mask_rcnn_epochs.py')
+    cfg.dump(path)
+    return path, str(root)
+
+
+def _epoch_run(config, work_dir, options, log, **kwargs):
+    path, root = config
+    env = dict(LOAD_LOG=str(log), PYTHONPATH=os.pathsep.join([root, os.environ.get('PYTHONPATH', '')]))
+    return _run(path, work_dir, options, demo=False, env=env, **kwargs)
+
+
+def _loads(log, rank: int = 0):
+    with open(log) as f:
+        return [name for r, name in (line.split() for line in f) if int(r) == rank]
+
+
+@pytest.mark.slow
+def test_killed_epoch_based_run_resumes_inside_the_epoch_bitwise_exactly(epoch_based_config, tmp_path):
+    """2 epochs of 5 batches, checkpoints every 2 iterations inside epochs: killed before iteration 9, resumed
+    from iter_8.pth (3 batches into epoch 2), the run ends with the reference's weights, bit for bit, having loaded
+    only the images of epoch 2's last two batches. A resume with another batch size is refused."""
+    options = ['train_dataloader.dataset.indices=10']
+    _epoch_run(epoch_based_config, tmp_path / 'reference', options, tmp_path / 'reference.loads')
+    reference = _loads(tmp_path / 'reference.loads')
+    assert len(reference) == 20
+    work = tmp_path / 'killed'
+    _epoch_run(epoch_based_config, work, options + FAULT + ['default_hooks.fault.at_iter=9'],
+               tmp_path / 'killed.loads', expect_kill=True)
+    names = set(os.listdir(work))
+    # the newest two mid-epoch checkpoints (iteration 10 ends epoch 2, so it is an epoch checkpoint)
+    assert {'epoch_1.pth', 'iter_6.pth', 'iter_8.pth'} <= names and not {'iter_2.pth', 'iter_4.pth'} & names
+    assert _ckpt(work / 'iter_8.pth')['meta']['epoch'] == 1
+
+    log = _epoch_run(epoch_based_config, work, options, tmp_path / 'resumed.loads', extra=['--resume'])
+    assert f'--resume: resuming from {work / "iter_8.pth"}' in log
+    assert _loads(tmp_path / 'resumed.loads') == reference[16:]
+    _assert_bitwise_equal(_ckpt(tmp_path / 'reference' / 'epoch_2.pth'), _ckpt(work / 'epoch_2.pth'))
+    assert _ckpt(work / 'epoch_2.pth')['meta']['epoch'] == 2
+
+    log = _epoch_run(epoch_based_config, work, options + ['train_dataloader.batch_size=1'], tmp_path / 'x.loads',
+                     extra=['--resume', str(work / 'iter_8.pth')], expect_kill=True)
+    assert 'error: --resume: the checkpoint was written inside epoch 2, after 3 of its 5 batches, by 1 ' \
+           'process(es) with 2 images each; this run has 1 x 1' in log
+    assert 'Traceback' not in log
+
+
+@pytest.mark.slow
+def test_killed_distributed_epoch_based_run_resumes_inside_the_epoch_bitwise_exactly(epoch_based_config, tmp_path):
+    """The same with two processes over gloo: 2 epochs of 3 batches per process; rank 0 dies before iteration 5,
+    the resume starts from iter_4.pth (one batch into epoch 2; newer than epoch_1.pth, written at iteration 3)
+    and each rank loads only its last two batches."""
+    options = ['train_dataloader.dataset.indices=12']
+    _epoch_run(epoch_based_config, tmp_path / 'reference', options, tmp_path / 'reference.loads', procs=2)
+    work = tmp_path / 'killed'
+    kill = FAULT + ['default_hooks.fault.at_iter=5', 'default_hooks.fault.rank=0']
+    _epoch_run(epoch_based_config, work, options + kill, tmp_path / 'killed.loads', procs=2, expect_kill=True)
+    assert len(_ckpt(work / 'iter_4.pth')['rng_states']) == 2
+    _epoch_run(epoch_based_config, work, options, tmp_path / 'resumed.loads', procs=2, extra=['--resume'])
+    for rank in (0, 1):
+        reference = _loads(tmp_path / 'reference.loads', rank)
+        assert len(reference) == 12
+        assert _loads(tmp_path / 'resumed.loads', rank) == reference[8:]
+    _assert_bitwise_equal(_ckpt(tmp_path / 'reference' / 'epoch_2.pth'), _ckpt(work / 'epoch_2.pth'))
 
 
 # ---------------------------------------------------------------------------------------------------------------

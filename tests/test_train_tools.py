@@ -1,4 +1,5 @@
 """The logic behind tools/train.py and tools/test.py: argument semantics, pre-flight checks, the --demo transform."""
+import copy
 import os.path as osp
 
 import pytest
@@ -132,12 +133,15 @@ def test_demo_transform_mask_rcnn(tmp_path, monkeypatch):
     assert cfg.model.backbone.residual_mode == 'official'
     assert cfg.optim_wrapper.type == ('AmpOptimWrapper' if torch.cuda.is_available() else 'OptimWrapper')
     assert cfg.train_cfg.type == 'IterBasedTrainLoop' and cfg.train_cfg.max_iters <= 300
-    warmup, steps = cfg.param_scheduler
+    # constant lr after the warmup, or the recipe's steps at the same fraction of the run
+    warmup, = cfg.param_scheduler
     assert warmup.type == 'LinearLR' and warmup.end < cfg.train_cfg.max_iters
-    n = cfg.train_cfg.max_iters
+    kept = to_demo_config(Config.fromfile(MASK_3X), DemoSettings(keep_decay=True, max_iters=60))
+    n = kept.train_cfg.max_iters
+    warmup, steps = kept.param_scheduler
     assert steps.type == 'MultiStepLR' and not steps.by_epoch
     assert steps.milestones == [round(27 * n / 36), round(33 * n / 36)] and steps.end == n
-    assert any(h.type == 'EvalProgressHook' for h in cfg.custom_hooks)
+    assert {h.type for h in cfg.custom_hooks} >= {'EvalProgressHook', 'DemoReportHook'}
     assert cfg.work_dir == './work_dirs/mask_rcnn_reswin_t_3x_demo'
 
 
@@ -178,13 +182,15 @@ def test_demo_transform_segmentation():
         param_scheduler=[dict(type='LinearLR', start_factor=1e-6, by_epoch=False, begin=0, end=1500),
                          dict(type='PolyLR', power=1.0, begin=1500, end=160000, eta_min=0.0, by_epoch=False)],
         default_hooks=dict()))
+    kept = to_demo_config(copy.deepcopy(cfg), DemoSettings(keep_decay=True))
     to_demo_config(cfg)
+    assert [s.type for s in cfg.param_scheduler] == ['LinearLR']  # constant lr after the warmup
     assert cfg.model.decode_head.num_classes == cfg.model.auxiliary_head.num_classes == len(DEMO_ADE_CLASSES) == 4
     assert cfg.model.data_preprocessor.size == (DemoSettings.img_size, DemoSettings.img_size)
     assert cfg.train_dataloader.dataset.type == 'BaseSegDataset'
     assert cfg.val_evaluator.type == 'IoUMetric'
-    n = cfg.train_cfg.max_iters
-    poly = cfg.param_scheduler[1]
+    n = kept.train_cfg.max_iters
+    poly = kept.param_scheduler[1]
     assert poly.type == 'PolyLR' and poly.end == n and poly.begin == max(1, round(1500 * n / 160000))
     from mmseg.registry import DATASETS
     from mmseg.utils import register_all_modules

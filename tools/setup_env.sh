@@ -76,6 +76,8 @@ fi
 
 "${pip[@]}" install -q -r "$repo/requirements/mminstall.txt" -r "$repo/requirements/runtime.txt" \
   -r "$repo/requirements/tests.txt"
+# without its dependencies: requirements/mim.txt says why
+"${pip[@]}" install -q --no-deps -r "$repo/requirements/mim.txt"
 "${pip[@]}" install -q --no-deps -e "$repo"
 
 rm -f "$("$py" -c 'import sys; print(sys.prefix)')"/.mmvisatt-setup-*

@@ -10,7 +10,9 @@ default_hooks = dict(
     timer=dict(type='IterTimerHook'),
     logger=dict(type='LoggerHook', interval=100),
     param_scheduler=dict(type='ParamSchedulerHook'),
-    checkpoint=dict(type='CheckpointHook', interval=1),
+    # every epoch, and inside epochs every 500 iterations (an ImageNet epoch at 1,024 images: about 1,250), the newest
+    # two of those kept; written atomically (docs/reliability.md)
+    checkpoint=dict(type='AtomicCheckpointHook', interval=1, mid_epoch_interval=500, mid_epoch_max_keep=2),
     sampler_seed=dict(type='DistSamplerSeedHook'),
     visualization=dict(type='VisualizationHook', enable=False))
 

@@ -11,7 +11,9 @@ default_hooks = dict(
     timer=dict(type='IterTimerHook'),
     logger=dict(type='LoggerHook', interval=50),
     param_scheduler=dict(type='ParamSchedulerHook'),
-    checkpoint=dict(type='CheckpointHook', interval=1),
+    # every epoch, and inside epochs every 2,000 iterations (a COCO epoch at 16 images: 7,330), the newest two
+    # of those kept; written atomically (docs/reliability.md)
+    checkpoint=dict(type='AtomicCheckpointHook', interval=1, mid_epoch_interval=2000, mid_epoch_max_keep=2),
     sampler_seed=dict(type='DistSamplerSeedHook'),
     visualization=dict(type='DetVisualizationHook'))
 

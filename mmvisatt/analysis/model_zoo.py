@@ -305,6 +305,25 @@ def measure(path: str, flops: bool = True) -> Measurement:
     return result
 
 
+def complexity(path: str, shape: Optional[Tuple[int, int]] = None, cfg_options: Optional[dict] = None) -> dict:
+    """Parameters and multiply-adds of any config's model (whole and backbone), counted as the zoo counts them
+    (one batch-1 inference forward; detectors' RoI heads on 1000 proposals and 100 mask RoIs), at ``shape``
+    (height, width; default the zoo's input of the config's library). Needs no dataset: the model is built with
+    zero weights and run on the meta device."""
+    cfg = load_config(path)
+    if cfg_options:
+        cfg.merge_from_dict(cfg_options)
+    scope = cfg.get('default_scope')
+    if scope not in TASK_INPUTS:
+        raise ModelZooError(f"{path}: default_scope {scope!r}; the counter knows {sorted(TASK_INPUTS)}")
+    hw = tuple(shape) if shape else TASK_INPUTS[scope]
+    model = build_model(cfg, scope)
+    params, backbone_params = count_params(model), count_params(model.backbone)
+    macs, backbone_macs = count_macs(model, cfg, scope, hw)
+    return dict(config=path, scope=scope, input_hw=hw, params=params, backbone_params=backbone_params, macs=macs,
+                backbone_macs=backbone_macs)
+
+
 def load_cache(path: str) -> Dict[str, Measurement]:
     if not osp.isfile(path):
         return {}

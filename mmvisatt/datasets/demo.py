@@ -51,12 +51,30 @@ _MARKER = '.complete'
 _DEFAULTS = dict(num_train=200, num_val=50, img_size=256, seed=0)
 _SPLIT_CODES = {'train': 0, 'val': 1}
 
-_MIN_SIZE_FRAC, _MAX_SIZE_FRAC = 0.10, 0.45
 # Keeps the smallest triangle above the 30 px visibility cut on small images.
 _MIN_SIDE_PX = 12
 _MIN_VISIBLE_AREA = 30
-_MAX_OBJECTS = 4
 _MAX_PLACEMENT_TRIES = 20
+
+
+@dataclass(frozen=True)
+class SceneStyle:
+    """How hard the scenes are: the background (``'textured'``: smooth noise, gradients and stripes around a base
+    colour; ``'plain'``: one colour with a faint gradient), up to ``max_objects`` shapes per image, each
+    ``min_size``..``max_size`` of the image side."""
+    background: str
+    max_objects: int
+    min_size: float
+    max_size: float
+
+
+#: ``textured`` (the default) asks a detector to find up to four shapes by their outline on busy backgrounds;
+#: ``single`` is one large shape on a plain background, the set ``--demo`` trains on, where a detector trained from
+#: scratch on a CPU gets furthest in minutes (docs/getting_started.md, "The demo").
+SCENE_STYLES: Dict[str, SceneStyle] = {
+    'textured': SceneStyle('textured', max_objects=4, min_size=0.10, max_size=0.45),
+    'single': SceneStyle('plain', max_objects=1, min_size=0.40, max_size=0.70),
+}
 # Sub-pixel precision for cv2 drawing, so shapes are not snapped to the grid.
 _SHIFT = 4
 
@@ -89,6 +107,14 @@ class _Scene:
     labels: List[int]  # class index into DEMO_COCO_CLASSES, per object
 
 
+def _plain_background(rng: np.random.Generator, size: int) -> np.ndarray:
+    base = rng.uniform(60, 195, size=3).astype(np.float32)
+    ramp = np.arange(size, dtype=np.float32) / size
+    theta = rng.uniform(0, 2 * np.pi)
+    grad = np.cos(theta) * ramp[None, :] + np.sin(theta) * ramp[:, None]
+    return base + grad[..., None] * rng.uniform(-10, 10, size=3).astype(np.float32)
+
+
 def _background(rng: np.random.Generator, size: int) -> np.ndarray:
     # A flat background would let a model find objects by colour alone; smooth
     # noise, gradients and stripes force it to use shape and edges.  They stay
@@ -114,9 +140,10 @@ def _background(rng: np.random.Generator, size: int) -> np.ndarray:
     return img
 
 
-def _shape_mask(rng: np.random.Generator, cls: int, size: int) -> np.ndarray:
+def _shape_mask(rng: np.random.Generator, cls: int, size: int,
+                style: SceneStyle) -> np.ndarray:
     """Boolean mask of one shape fully inside a ``size`` x ``size`` canvas."""
-    extent = max(rng.uniform(_MIN_SIZE_FRAC, _MAX_SIZE_FRAC) * size,
+    extent = max(rng.uniform(style.min_size, style.max_size) * size,
                  _MIN_SIDE_PX)
     mask = np.zeros((size, size), np.uint8)
     scale = 1 << _SHIFT
@@ -162,14 +189,16 @@ def _pick_colour(rng: np.random.Generator,
     return candidates[int(dist.argmax())].astype(np.float32)
 
 
-def _render_scene(rng: np.random.Generator, size: int) -> _Scene:
-    img = _background(rng, size)
+def _render_scene(rng: np.random.Generator, size: int,
+                  style: SceneStyle = SCENE_STYLES['textured']) -> _Scene:
+    img = (_plain_background if style.background == 'plain' else
+           _background)(rng, size)
     owner = np.full((size, size), -1, np.int16)
     labels: List[int] = []
-    for _ in range(int(rng.integers(1, _MAX_OBJECTS + 1))):
+    for _ in range(int(rng.integers(1, style.max_objects + 1))):
         for _ in range(_MAX_PLACEMENT_TRIES):
             cls = int(rng.integers(len(DEMO_COCO_CLASSES)))
-            mask = _shape_mask(rng, cls, size)
+            mask = _shape_mask(rng, cls, size, style)
             trial = owner.copy()
             trial[mask] = len(labels)
             # COCO polygons cannot express holes, so an object drawn inside
@@ -225,8 +254,11 @@ def _visible_instances(
 # --------------------------------------------------------------------------
 # Cache handling
 # --------------------------------------------------------------------------
-def _check_args(num_train: int, num_val: int, img_size: int,
-                seed: int) -> Dict[str, int]:
+def _check_args(num_train: int, num_val: int, img_size: int, seed: int,
+                style: str = 'textured') -> Dict[str, int]:
+    if style not in SCENE_STYLES:
+        raise ValueError(f'style must be one of {sorted(SCENE_STYLES)}, got '
+                         f'{style!r}')
     if num_train < 1 or num_val < 1:
         raise ValueError('num_train and num_val must be at least 1, got '
                          f'{num_train} and {num_val}')
@@ -234,8 +266,13 @@ def _check_args(num_train: int, num_val: int, img_size: int,
         raise ValueError(f'img_size must be at least 32, got {img_size}')
     if seed < 0:
         raise ValueError(f'seed must be non-negative, got {seed}')
-    return dict(num_train=int(num_train), num_val=int(num_val),
-                img_size=int(img_size), seed=int(seed))
+    params = dict(num_train=int(num_train), num_val=int(num_val),
+                  img_size=int(img_size), seed=int(seed))
+    if style != 'textured':
+        # absent for the default, so the caches made before styles existed
+        # keep their names and stamps
+        params['style'] = style
+    return params
 
 
 def _default_root(kind: str, params: Dict[str, int]) -> str:
@@ -244,6 +281,8 @@ def _default_root(kind: str, params: Dict[str, int]) -> str:
         # Readable rather than hashed, so a user can tell the caches apart.
         name += ('-train{num_train}-val{num_val}-{img_size}px-seed{seed}'
                  .format(**params))
+        if 'style' in params:
+            name += f'-{params["style"]}'
     return osp.join(demo_data_root(), name)
 
 
@@ -300,6 +339,10 @@ def _prepare(kind: str, root: Optional[str], params: Dict[str, int],
     return root
 
 
+def _style(params: Dict[str, int]) -> SceneStyle:
+    return SCENE_STYLES[params.get('style', 'textured')]
+
+
 def _save_rgb(path: str, image: np.ndarray,
               params: Sequence[int] = ()) -> None:
     if not cv2.imwrite(path, image[..., ::-1], list(params)):
@@ -319,7 +362,7 @@ def _write_coco(out: str, params: Dict[str, int]) -> None:
         images, annotations = [], []
         for index in range(params[f'num_{split}']):
             scene = _render_scene(_scene_rng(params['seed'], split, index),
-                                  size)
+                                  size, _style(params))
             file_name = f'{index:06d}.png'
             _save_rgb(osp.join(out, split, file_name), scene.image)
             images.append(dict(id=index, file_name=file_name, width=size,
@@ -350,7 +393,8 @@ def prepare_demo_coco(root: Optional[str] = None,
                       num_train: int = 200,
                       num_val: int = 50,
                       img_size: int = 256,
-                      seed: int = 0) -> str:
+                      seed: int = 0,
+                      style: str = 'textured') -> str:
     """Generate (once) the synthetic COCO-format instance segmentation set.
 
     Every image is an RGB ``img_size`` x ``img_size`` PNG: a textured
@@ -376,12 +420,13 @@ def prepare_demo_coco(root: Optional[str] = None,
         num_val: Number of validation images.
         img_size: Side of the square images in pixels (at least 32).
         seed: Seed of the generator; the same seed gives identical files.
+        style: How hard the scenes are, a key of :data:`SCENE_STYLES`.
 
     Returns:
         The dataset directory.  If it already holds a complete set made with
         the same arguments, it is returned without regenerating anything.
     """
-    params = _check_args(num_train, num_val, img_size, seed)
+    params = _check_args(num_train, num_val, img_size, seed, style)
     return _prepare('coco', root, params, _write_coco)
 
 
@@ -397,7 +442,7 @@ def _write_ade(out: str, params: Dict[str, int]) -> None:
         os.makedirs(ann_dir)
         for index in range(params[f'num_{split}']):
             scene = _render_scene(_scene_rng(params['seed'], split, index),
-                                  size)
+                                  size, _style(params))
             # ADE20K stores "class k" as k + 1 (0 = unlabelled).  Background
             # is class 0, the shapes follow; every pixel is labelled,
             # including small or thin visible parts the COCO set drops,
@@ -415,7 +460,8 @@ def prepare_demo_ade(root: Optional[str] = None,
                      num_train: int = 200,
                      num_val: int = 50,
                      img_size: int = 256,
-                     seed: int = 0) -> str:
+                     seed: int = 0,
+                     style: str = 'textured') -> str:
     """Generate (once) the synthetic ADE20K-format semantic segmentation set.
 
     Same scenes as :func:`prepare_demo_coco` (same seed, same index), saved
@@ -445,10 +491,11 @@ def prepare_demo_ade(root: Optional[str] = None,
         num_val: Number of validation images.
         img_size: Side of the square images in pixels (at least 32).
         seed: Seed of the generator; the same seed gives identical files.
+        style: How hard the scenes are, a key of :data:`SCENE_STYLES`.
 
     Returns:
         The dataset directory.  If it already holds a complete set made with
         the same arguments, it is returned without regenerating anything.
     """
-    params = _check_args(num_train, num_val, img_size, seed)
+    params = _check_args(num_train, num_val, img_size, seed, style)
     return _prepare('ade', root, params, _write_ade)

@@ -15,18 +15,19 @@ from mmengine.logging import print_log
 
 @dataclass(frozen=True)
 class DemoSettings:
-    """What a demo run shrinks the config to.
+    """What a demo run shrinks the config to: data, image size, schedule and lr; the model, its optimizer type and
+    parameter-wise rules stay the config's.
 
-    The defaults train Mask R-CNN with a Swin-T-sized backbone from scratch on 2 CPU cores in about 7 minutes,
-    2 validations of 50 images (iteration 0 and the end) included; see ``tests/test_demo_train.py``. Measured
-    while tuning: at 160 px the detector learns about as fast per iteration as at 256 px and twice as fast per
-    second; higher learning rates (5e-4, 1e-3) learned slower from scratch than the recipe-like 2e-4.
+    The defaults train Mask R-CNN with a Swin-T-sized backbone from scratch on 2 CPU cores in about 10 minutes,
+    2 validations of 50 images (iteration 0 and the end) included; see ``tests/test_demo_train.py``. What was
+    measured while choosing them is in docs/getting_started.md ("The demo: what it changes and why").
     """
-    img_size: int = 160
+    img_size: int = 128
+    # the generated scenes (mmvisatt.datasets.SCENE_STYLES): one large shape per image on a plain background
+    style: str = 'single'
     # RoIs sampled per image for the R-CNN heads. The recipes' 512 are sized for ~7 objects on 1333x800 images;
-    # scaled to 160x160 images with 1-4 objects 64 are plenty, and the mask head (4 convs over every positive
-    # RoI) otherwise dominates a CPU iteration.
-    rois_per_image: int = 64
+    # the mask head (4 convs over every positive RoI) otherwise dominates a CPU iteration.
+    rois_per_image: int = 32
     # Test-time proposals and detections per image, scaled the same way (recipes: 1000 and 100). The mask head
     # runs on every detection, so this sets the cost of a validation.
     proposals_per_image: int = 300
@@ -34,6 +35,9 @@ class DemoSettings:
     max_iters: int = 300
     warmup_iters: int = 25
     lr: float = 2e-4
+    # keep the recipe's lr decay (its steps or poly at the same fraction of the run); False: constant lr after the
+    # warmup, since a run this short is still far from the point where a decay pays
+    keep_decay: bool = False
     batch_size: int = 2
     num_workers: int = 1
     seed: int = 0
@@ -81,11 +85,12 @@ def _is_warmup(scheduler: dict, index: int) -> bool:
 
 
 def shorten_schedule(cfg: Config, settings: DemoSettings) -> None:
-    """Make the run ``settings.max_iters`` iterations long, keeping the shape of its lr schedule.
+    """Make the run ``settings.max_iters`` iterations long.
 
-    A leading linear warmup becomes ``settings.warmup_iters`` long; every other scheduler is placed at the same
-    fraction of the new run as it had in the old one (so MultiStepLR at epochs 27/33 of 36 decays at 75% and 92%
-    of the demo, PolyLR still decays over the whole run). A scheduler whose position cannot be converted
+    A leading linear warmup becomes ``settings.warmup_iters`` long. Without ``settings.keep_decay`` the lr stays
+    constant after it (the other schedulers are dropped, with a log line); with it every other scheduler is placed
+    at the same fraction of the new run as it had in the old one (so MultiStepLR at epochs 27/33 of 36 decays at 75%
+    and 92% of the demo, PolyLR still decays over the whole run), and one whose position cannot be converted
     (iteration-based inside an epoch-based run) is dropped, with a log line.
     """
     n = settings.max_iters
@@ -95,6 +100,10 @@ def shorten_schedule(cfg: Config, settings: DemoSettings) -> None:
         if _is_warmup(sched, i):
             sched.update(begin=0, end=settings.warmup_iters)
             schedulers.append(sched)
+            continue
+        if not settings.keep_decay:
+            print_log(f'demo: dropping param scheduler {sched.get("type")} (constant lr after the warmup)',
+                      logger='current')
             continue
         length = epochs if sched.get('by_epoch', True) else iters
         if not length:
@@ -129,7 +138,7 @@ def _loader(dataset: dict, settings: DemoSettings, train: bool) -> dict:
 def _detection_data(cfg: Config, settings: DemoSettings) -> None:
     from mmvisatt.datasets import DEMO_COCO_CLASSES, prepare_demo_coco
 
-    root = prepare_demo_coco(img_size=settings.img_size)
+    root = prepare_demo_coco(img_size=settings.img_size, style=settings.style)
     heads = ('bbox_head', 'mask_head', 'roi_head.bbox_head', 'roi_head.mask_head')
     if not set_num_classes(cfg.model, len(DEMO_COCO_CLASSES), heads):
         raise ValueError(f'--demo: no num_classes found under model.{{{",".join(heads)}}}')
@@ -175,7 +184,7 @@ def _detection_data(cfg: Config, settings: DemoSettings) -> None:
 def _segmentation_data(cfg: Config, settings: DemoSettings) -> None:
     from mmvisatt.datasets import DEMO_ADE_CLASSES, prepare_demo_ade
 
-    root = prepare_demo_ade(img_size=settings.img_size)
+    root = prepare_demo_ade(img_size=settings.img_size, style=settings.style)
     heads = ('decode_head', 'auxiliary_head')
     if not set_num_classes(cfg.model, len(DEMO_ADE_CLASSES), heads):
         raise ValueError(f'--demo: no num_classes found under model.{{{",".join(heads)}}}')
@@ -211,12 +220,19 @@ def _segmentation_data(cfg: Config, settings: DemoSettings) -> None:
     cfg.test_evaluator = cfg.val_evaluator
 
 
-def describe_demo(cfg: Config) -> str:
-    """One line on what a demo run will do, read from the final config (after ``--cfg-options``)."""
+def describe_demo(cfg: Config, original_lr: Optional[float] = None) -> str:
+    """One line on what a demo run will do and what it changed, read from the final config (after
+    ``--cfg-options``); ``original_lr`` is the config's own."""
     loader, opt = cfg.train_dataloader, cfg.optim_wrapper.optimizer
     warmup = next((s.end for i, s in enumerate(cfg.param_scheduler) if _is_warmup(s, i)), 0)
-    return (f'demo: {cfg.train_cfg.max_iters} iterations of {loader.batch_size} images from '
-            f'{loader.dataset.data_root}, {opt.type} lr {opt.lr:g} after {warmup} warmup iterations')
+    decays = [s.type for i, s in enumerate(cfg.param_scheduler) if not _is_warmup(s, i)]
+    config_lr = f' (the config: {original_lr:g})' if original_lr not in (None, opt.lr) else ''
+    return (f'demo: {cfg.train_cfg.max_iters} iterations of {loader.batch_size} generated images from '
+            f'{loader.dataset.data_root}; {opt.type} with the config\'s parameter-wise rules, lr {opt.lr:g}'
+            f'{config_lr} after {warmup} warmup iterations, then '
+            + (f'{" + ".join(decays)} at the recipe\'s fraction of the run' if decays else 'constant') +
+            '; changed from the config: data, image size, schedule length and shape, lr, RoI counts and the '
+            'backbone initialisation (random)')
 
 
 # default_scope -> how that library's configs are pointed at the demo data
@@ -251,5 +267,6 @@ def to_demo_config(cfg: Config, settings: DemoSettings = DemoSettings(), train: 
         if cfg.get('auto_scale_lr'):
             cfg.auto_scale_lr.enable = False
         cfg.randomness = dict(seed=settings.seed)
-        cfg.custom_hooks = list(cfg.get('custom_hooks') or []) + [dict(type='EvalProgressHook')]
+        cfg.custom_hooks = list(cfg.get('custom_hooks') or []) + [dict(type='EvalProgressHook'),
+                                                                  dict(type='DemoReportHook')]
     return cfg

@@ -23,6 +23,7 @@ from .demo import DemoSettings, describe_demo, to_demo_config
 from .guards import NonFiniteLossError
 from .input_checks import (AnnotationError, ConfigKeyError, CorruptCheckpointError, CorruptImageError,
                            check_annotations, check_cfg_options, check_checkpoint_file, explain_image_error)
+from .mid_epoch import MidEpochResumeError
 from .reliability import add_custom_hooks, enable_reliable_training, resolve_auto_resume
 
 LAUNCHERS = ('none', 'pytorch', 'slurm', 'mpi')
@@ -87,13 +88,14 @@ def load_config(args: argparse.Namespace, train: bool) -> Config:
     """The config with ``--demo``, ``--cfg-options`` (after the demo, so they can adjust it), ``--work-dir`` and
     ``--launcher`` applied."""
     cfg = Config.fromfile(args.config)
+    config_lr = cfg.get('optim_wrapper', {}).get('optimizer', {}).get('lr')
     if args.demo:
         to_demo_config(cfg, DemoSettings(), train=train)
     if args.cfg_options:
         check_cfg_options(cfg, args.cfg_options)
         cfg.merge_from_dict(args.cfg_options)
     if args.demo and train:
-        print_log(describe_demo(cfg), logger='current')
+        print_log(describe_demo(cfg, config_lr), logger='current')
     cfg.launcher = args.launcher
     if args.work_dir:
         cfg.work_dir = args.work_dir
@@ -278,12 +280,12 @@ def test_main(argv: Optional[Sequence[str]] = None) -> dict:
 
 
 def run_tool(main: Callable[[Optional[Sequence[str]]], Any], argv: Optional[Sequence[str]] = None) -> None:
-    """Run ``main`` as a command: bad input (missing or corrupt data, checkpoints, misspelled options) and a
-    non-finite loss end it with their message, not a traceback."""
+    """Run ``main`` as a command: bad input (missing or corrupt data, checkpoints, misspelled options, a mid-epoch
+    resume under another data layout) and a non-finite loss end it with their message, not a traceback."""
     try:
         main(argv)
     except (MissingDataError, MissingCheckpointError, NonFiniteLossError, ConfigKeyError, AnnotationError,
-            CorruptCheckpointError, CorruptImageError) as error:
+            CorruptCheckpointError, CorruptImageError, MidEpochResumeError) as error:
         sys.exit(f'error: {error}')
 
 

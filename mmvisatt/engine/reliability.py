@@ -40,6 +40,9 @@ from mmengine.logging import print_log
 from mmengine.registry import HOOKS
 
 ATOMIC_BACKEND = 'atomic_local'
+# AtomicCheckpointHook's mid-epoch checkpoints: their file names, and the message hub key of those kept
+MID_EPOCH_TEMPLATE = 'iter_{}.pth'
+MID_EPOCH_KEY = 'keep_mid_epoch_ckpt_ids'
 # Temporary files are named ``.<target name>.<random>.partial`` next to their target.
 PARTIAL_SUFFIX = '.partial'
 
@@ -118,22 +121,36 @@ class _DeferredRemoval:
 
 @HOOKS.register_module()
 class AtomicCheckpointHook(CheckpointHook):
-    """``CheckpointHook`` whose checkpoints are written atomically, deleting outdated ones only afterwards.
+    """``CheckpointHook`` whose checkpoints are written atomically, deleting outdated ones only afterwards, and
+    which can also save inside the epochs of an epoch-based run.
 
     Takes every argument of mmengine's ``CheckpointHook``. Local paths (the default, or
     ``backend_args=dict(backend='local')``) use :class:`AtomicLocalBackend`; another backend (e.g. a cloud store)
     is used as given, since its atomicity is its own. ``last_checkpoint`` is rewritten atomically after the
     checkpoint it names is complete.
+
+    Args:
+        mid_epoch_interval: with ``by_epoch=True``, also save ``iter_N.pth`` every this many iterations (counted
+            from the start of training) unless the iteration ends an epoch, whose own checkpoint follows. 0: never.
+            ``ResumableEpochBasedTrainLoop`` resumes these at the next batch of their epoch.
+        mid_epoch_max_keep: how many of the newest mid-epoch checkpoints to keep (-1: all); the epoch
+            checkpoints keep ``max_keep_ckpts`` of their own.
     """
 
     def __init__(self, *args, backend_args: Optional[dict] = None, file_client_args: Optional[dict] = None,
-                 **kwargs) -> None:
+                 mid_epoch_interval: int = 0, mid_epoch_max_keep: int = 2, **kwargs) -> None:
         if file_client_args is None and (backend_args is None or backend_args.get('backend') == 'local'):
             backend_args = dict(backend_args or {}, backend=ATOMIC_BACKEND)
         super().__init__(*args, backend_args=backend_args, file_client_args=file_client_args, **kwargs)
+        if mid_epoch_interval < 0 or mid_epoch_max_keep == 0 or mid_epoch_max_keep < -1:
+            raise ValueError('AtomicCheckpointHook: mid_epoch_interval must be >= 0 and mid_epoch_max_keep >= 1 '
+                             f'or -1, got {mid_epoch_interval} and {mid_epoch_max_keep}')
+        self.mid_epoch_interval, self.mid_epoch_max_keep = mid_epoch_interval, mid_epoch_max_keep
+        self._mid_epoch_steps: List[int] = []
 
     def before_train(self, runner) -> None:
         super().before_train(runner)
+        self._mid_epoch_steps = list(runner.message_hub.runtime_info.get(MID_EPOCH_KEY, []))
         if runner.rank == 0 and isinstance(self.file_backend, LocalBackend):
             # left by a process that died while writing; their targets were never replaced
             for partial in glob.glob(osp.join(glob.escape(self.out_dir), f'.*{PARTIAL_SUFFIX}')):
@@ -154,6 +171,43 @@ class AtomicCheckpointHook(CheckpointHook):
             # mmengine wrote it in place; make it durable too before anything old is deleted
             atomic_write(self.last_ckpt.encode(), last)
         deferred.flush()
+
+    def saves_mid_epoch(self, runner, batch_idx: int) -> bool:
+        """Whether :meth:`after_train_iter` writes a mid-epoch checkpoint after this iteration."""
+        return (self.by_epoch and self.mid_epoch_interval > 0
+                and self.every_n_train_iters(runner, self.mid_epoch_interval)
+                and batch_idx + 1 < len(runner.train_loop.dataloader))
+
+    def after_train_iter(self, runner, batch_idx: int, data_batch=None, outputs=None) -> None:
+        super().after_train_iter(runner, batch_idx, data_batch, outputs)
+        if self.saves_mid_epoch(runner, batch_idx):
+            runner.logger.info(f'Saving checkpoint at {runner.iter + 1} iterations (inside epoch '
+                               f'{runner.epoch + 1})')
+            self._save_mid_epoch_checkpoint(runner)
+
+    def _save_mid_epoch_checkpoint(self, runner) -> None:
+        """``iter_N.pth``, atomically as every checkpoint; the oldest beyond ``mid_epoch_max_keep`` is deleted once
+        the new one and ``last_checkpoint`` are on disk."""
+        step = runner.iter + 1
+        self._mid_epoch_steps.append(step)
+        outdated = []
+        if self.mid_epoch_max_keep > 0:
+            outdated = self._mid_epoch_steps[:-self.mid_epoch_max_keep]
+            self._mid_epoch_steps = self._mid_epoch_steps[-self.mid_epoch_max_keep:]
+        runner.message_hub.update_info(MID_EPOCH_KEY, list(self._mid_epoch_steps))
+        name = MID_EPOCH_TEMPLATE.format(step)
+        self.last_ckpt = self.file_backend.join_path(self.out_dir, name)
+        runner.message_hub.update_info('last_ckpt', self.last_ckpt)
+        runner.save_checkpoint(self.out_dir, name, self.file_client_args, save_optimizer=self.save_optimizer,
+                               save_param_scheduler=self.save_param_scheduler, meta=dict(epoch=runner.epoch, iter=step),
+                               by_epoch=False, backend_args=self.backend_args, **self.args)
+        if runner.rank != 0:
+            return
+        atomic_write(self.last_ckpt.encode(), osp.join(runner.work_dir, 'last_checkpoint'))
+        for old in outdated:
+            path = self.file_backend.join_path(self.out_dir, MID_EPOCH_TEMPLATE.format(old))
+            if self.file_backend.isfile(path):
+                self.file_backend.remove(path)
 
 
 def checkpoint_problem(path: str) -> Optional[str]:
@@ -183,11 +237,23 @@ def _step_of(path: str) -> int:
     return int(match.group(1)) if match else -1
 
 
+def _iteration_of(path: str) -> int:
+    """The iteration a checkpoint was written at: the number of ``iter_N.pth``, the ``meta`` of any other file
+    (memory-mapped: no tensor is read); -1 for a file that cannot be read."""
+    if osp.basename(path).startswith('iter_'):
+        return _step_of(path)
+    try:
+        return int(torch.load(path, map_location='cpu', mmap=True, weights_only=True)['meta']['iter'])
+    except Exception:  # incomplete or foreign files are reported by checkpoint_problem
+        return -1
+
+
 def find_resumable_checkpoint(work_dir: str) -> Tuple[Optional[str], List[Tuple[str, str]]]:
     """The newest complete checkpoint in ``work_dir`` and the newer ones that were skipped, with the reason.
 
     Candidates are the file ``last_checkpoint`` names and every ``epoch_*.pth`` / ``iter_*.pth``, newest first
-    (by the number in the name, then by modification time); the first complete one wins.
+    (by the number in the name, then by modification time; by the iteration when epoch and mid-epoch checkpoints
+    are mixed); the first complete one wins.
     """
     candidates = glob.glob(osp.join(work_dir, 'epoch_*.pth')) + glob.glob(osp.join(work_dir, 'iter_*.pth'))
     last_file = osp.join(work_dir, 'last_checkpoint')
@@ -196,7 +262,9 @@ def find_resumable_checkpoint(work_dir: str) -> Tuple[Optional[str], List[Tuple[
             named = f.read().strip()
         if named and named not in candidates and osp.isfile(named):
             candidates.append(named)
-    candidates.sort(key=lambda p: (_step_of(p), osp.getmtime(p)), reverse=True)
+    names = {osp.basename(p).split('_')[0] for p in candidates}
+    step = _iteration_of if {'epoch', 'iter'} <= names else _step_of
+    candidates.sort(key=lambda p: (step(p), osp.getmtime(p)), reverse=True)
     skipped = []
     for path in candidates:
         problem = checkpoint_problem(path)
@@ -284,8 +352,10 @@ class _RestoreAfter:
         return batch
 
 
-def _checkpoint_due_after_iter(runner) -> bool:
+def _checkpoint_due_after_iter(runner, batch_idx: int) -> bool:
     for hook in runner.hooks:
+        if isinstance(hook, AtomicCheckpointHook) and hook.saves_mid_epoch(runner, batch_idx):
+            return True
         if isinstance(hook, CheckpointHook) and not hook.by_epoch:
             if (hook.interval > 0 and hook.every_n_train_iters(runner, hook.interval, hook.save_begin)) or \
                     (hook.save_last and hook.is_last_train_iter(runner)):
@@ -303,9 +373,11 @@ class ExactResumeHook(Hook):
 
     * ``IterBasedTrainLoop``: right after mmengine has replayed the dataloader up to the checkpointed iteration,
       i.e. where the uninterrupted run stood when it saved (replaying consumes random numbers in data loading);
-    * ``EpochBasedTrainLoop``: at the start of the resumed epoch. mmengine resumes these loops at epoch boundaries
-      only; a checkpoint from the middle of an epoch (``CheckpointHook(by_epoch=False)``) restarts that epoch, so
-      that resume is not exact and a warning says so.
+    * ``ResumableEpochBasedTrainLoop`` resumed inside an epoch: right after it has started the epoch's dataloader
+      iterator (past the consumed batches), where the interrupted run stood when it saved;
+    * other epoch-based loops: at the start of the resumed epoch. mmengine's ``EpochBasedTrainLoop`` resumes at
+      epoch boundaries only; a checkpoint from the middle of an epoch restarts that epoch, so that resume is not
+      exact and a warning says so.
 
     A checkpoint written with a different number of processes, or without states, resumes as before (with a
     warning). ``load_from`` (weights only) never touches the RNGs.
@@ -321,7 +393,7 @@ class ExactResumeHook(Hook):
         self._captured = (step, all_gather_object(get_rng_states()))
 
     def after_train_iter(self, runner, batch_idx: int, data_batch=None, outputs=None) -> None:
-        if _checkpoint_due_after_iter(runner):
+        if _checkpoint_due_after_iter(runner, batch_idx):
             self._capture(runner.iter + 1)
 
     def after_train_epoch(self, runner) -> None:
@@ -351,10 +423,16 @@ class ExactResumeHook(Hook):
         if hasattr(loop, 'dataloader_iterator'):  # IterBasedTrainLoop: it replays `iter` batches next
             loop.dataloader_iterator = _RestoreAfter(loop, runner.iter, mine)
             return
+        if hasattr(loop, 'rng_states_after_iterator') and loop.resumed_batches():
+            # ResumableEpochBasedTrainLoop continuing inside the epoch: the states were taken after the epoch's
+            # dataloader iterator had started
+            loop.rng_states_after_iterator = mine
+            return
         if runner.iter != runner.epoch * len(loop.dataloader):
             print_log(f'ExactResumeHook: checkpoint from iteration {runner.iter}, inside epoch {runner.epoch + 1}: '
-                      'mmengine restarts that epoch, so the resumed run is not an exact continuation; use '
-                      'IterBasedTrainLoop or epoch-end checkpoints for exact resumes', logger='current', level=30)
+                      f'{type(loop).__name__} restarts that epoch, so the resumed run is not an exact continuation; '
+                      'use ResumableEpochBasedTrainLoop (mmvisatt.engine), IterBasedTrainLoop or epoch-end '
+                      'checkpoints for exact resumes', logger='current', level=30)
         set_rng_states(mine)
 
 

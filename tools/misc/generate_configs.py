@@ -1,18 +1,29 @@
-"""Write the task configs (every backbone preset x every recipe) and docs/recipes.md from mmvisatt/recipes.py and
-mmvisatt/task_configs.py.
+"""Write the task configs (every backbone preset x every recipe), docs/recipes.md and the model index
+(model-index.yml, configs/metafiles/*.yml) from mmvisatt/recipes.py, mmvisatt/task_configs.py and
+mmvisatt/metafiles.py.
 
     python tools/misc/generate_configs.py            # write missing or outdated configs and the recipe page
     python tools/misc/generate_configs.py --check    # exit 1 if a config or the page differs from its template
 """
 import argparse
+import os
 import os.path as osp
 import sys
 
+from mmvisatt.metafiles import metafiles
 from mmvisatt.task_configs import expected_configs, recipes_page, write_configs
 
 ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 CONFIGS = osp.join(ROOT, 'configs')
 RECIPES_PAGE = osp.join(ROOT, 'docs', 'recipes.md')
+MODEL_ZOO_JSON = osp.join(ROOT, 'docs', 'model_zoo.json')
+
+
+def generated_files(config_dir: str) -> dict:
+    """{absolute path: text} of what is written besides the configs: the recipe page and the model index."""
+    files = {RECIPES_PAGE: recipes_page(config_dir)}
+    files.update({osp.join(ROOT, path): text for path, text in metafiles(config_dir, MODEL_ZOO_JSON).items()})
+    return files
 
 
 def main(argv=None) -> int:
@@ -24,19 +35,19 @@ def main(argv=None) -> int:
         stale = [name for name, text in expected_configs(args.config_dir).items()
                  if not osp.isfile(osp.join(args.config_dir, name))
                  or open(osp.join(args.config_dir, name)).read() != text]
-        page = recipes_page(args.config_dir)
-        if not osp.isfile(RECIPES_PAGE) or open(RECIPES_PAGE).read() != page:
-            stale.append(RECIPES_PAGE)
+        stale += [path for path, text in generated_files(args.config_dir).items()
+                  if not osp.isfile(path) or open(path).read() != text]
         for name in stale:
             print(f'outdated or missing: {name}')
         return 1 if stale else 0
     for name in write_configs(args.config_dir):
         print(f'wrote {name}')
-    page = recipes_page(args.config_dir)
-    if not osp.isfile(RECIPES_PAGE) or open(RECIPES_PAGE).read() != page:
-        with open(RECIPES_PAGE, 'w') as f:
-            f.write(page)
-        print(f'wrote {RECIPES_PAGE}')
+    for path, text in generated_files(args.config_dir).items():
+        if not osp.isfile(path) or open(path).read() != text:
+            os.makedirs(osp.dirname(path), exist_ok=True)
+            with open(path, 'w') as f:
+                f.write(text)
+            print(f'wrote {path}')
     return 0
 
 

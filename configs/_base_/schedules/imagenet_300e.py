@@ -5,7 +5,8 @@ param_scheduler = [
     dict(type='LinearLR', start_factor=1e-3, by_epoch=True, end=warmup_epochs, convert_to_iter_based=True),
     dict(type='CosineAnnealingLR', eta_min=1e-5, by_epoch=True, begin=warmup_epochs)
 ]
-train_cfg = dict(by_epoch=True, max_epochs=300, val_interval=1)
+# EpochBasedTrainLoop that resumes a mid-epoch checkpoint at its next batch (mmvisatt.engine.mid_epoch)
+train_cfg = dict(type='ResumableEpochBasedTrainLoop', max_epochs=300, val_interval=1)
 val_cfg = dict()
 test_cfg = dict()
 auto_scale_lr = dict(base_batch_size=1024)

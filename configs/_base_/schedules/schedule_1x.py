@@ -2,7 +2,8 @@
 # PVTv2 and Swin).
 # The optimizer belongs to the task config: transformer recipes each set their own.
 max_epochs = 12
-train_cfg = dict(type='EpochBasedTrainLoop', max_epochs=max_epochs, val_interval=1)
+# EpochBasedTrainLoop that resumes a mid-epoch checkpoint at its next batch (mmvisatt.engine.mid_epoch)
+train_cfg = dict(type='ResumableEpochBasedTrainLoop', max_epochs=max_epochs, val_interval=1)
 val_cfg = dict(type='ValLoop')
 test_cfg = dict(type='TestLoop')
 
