@@ -355,9 +355,16 @@ def _traces(work_dir, world: int):
 @pytest.mark.slow
 @pytest.mark.parametrize('name', ['retinanet', 'semantic_fpn'])
 def test_two_processes_batch_1_train_like_one_process_batch_2(tiny_configs, tmp_path, name):
+    from mmvisatt.datasets import prepare_demo_ade, prepare_demo_coco
+    from mmvisatt.engine import DemoSettings
     config = tiny_configs[name]
-    _run(config, tmp_path / 'one', EQUIVALENCE_OPTIONS + ['train_dataloader.batch_size=2'])
-    _run(config, tmp_path / 'two', EQUIVALENCE_OPTIONS + ['train_dataloader.batch_size=1'], procs=2)
+    # textured scenes: on the demo's plain-background ones float32 rounding grows over the iterations past the
+    # tolerance in both layouts' comparison (docs/reliability.md)
+    prepare = prepare_demo_coco if name == 'retinanet' else prepare_demo_ade
+    data = prepare(img_size=DemoSettings().img_size, style='textured')
+    options = EQUIVALENCE_OPTIONS + [f'train_dataloader.dataset.data_root={data}']
+    _run(config, tmp_path / 'one', options + ['train_dataloader.batch_size=2'])
+    _run(config, tmp_path / 'two', options + ['train_dataloader.batch_size=1'], procs=2)
     (one,), two = _traces(tmp_path / 'one', 1), _traces(tmp_path / 'two', 2)
     # the same images in every iteration: rank r's i-th image is the r-th of the single process's i-th batch
     assert one['sample_ids'][0::2] == two[0]['sample_ids'] and one['sample_ids'][1::2] == two[1]['sample_ids']
