@@ -124,6 +124,8 @@ def test_mid_epoch_position_and_layout_check():
     assert 'this run has 1 x 2' in message and 'epoch_1.pth' in message
     with pytest.raises(MidEpochResumeError, match='by 2 process'):
         _loop(1, 9, dict(position, world_size=2)).resumed_batches()
+    with pytest.raises(MidEpochResumeError, match=r'or start afresh \(no epoch had finished\)'):
+        _loop(0, 3, dict(position, epoch=0, start_iter=0, batches=7)).resumed_batches()
 
 
 def test_every_epoch_based_config_checkpoints_and_resumes_inside_epochs():

@@ -154,16 +154,16 @@ class ResumableEpochBasedTrainLoop(EpochBasedTrainLoop):
         if not position or position['epoch'] != self._epoch or self._iter <= position['start_iter']:
             return 0
         done = self._iter - position['start_iter']
-        saved = {k: position[k] for k in ('world_size', 'batch_size', 'batches')}
-        if saved != self.layout():
+        saved, now = {k: position[k] for k in ('world_size', 'batch_size', 'batches')}, self.layout()
+        if saved != now:
+            fallback = (f'from the checkpoint of the last finished epoch (epoch_{self._epoch}.pth), which resumes '
+                        'under any layout' if self._epoch else 'start afresh (no epoch had finished)')
             raise MidEpochResumeError(
                 f'--resume: the checkpoint was written inside epoch {self._epoch + 1}, after {done} of its '
                 f'{saved["batches"]} batches, by {saved["world_size"]} process(es) with {saved["batch_size"]} '
-                f'images each; this run has {self.layout()["world_size"]} x {self.layout()["batch_size"]} '
-                f'({self.layout()["batches"]} batches per epoch), under which the batches already trained on '
-                'cannot be told apart. Resume with the same number of processes and batch size (and the same '
-                f'data), or from the checkpoint of the last finished epoch (epoch_{self._epoch}.pth), which '
-                'resumes under any layout.')
+                f'images each; this run has {now["world_size"]} x {now["batch_size"]} ({now["batches"]} batches '
+                'per epoch), under which the batches already trained on cannot be told apart. Resume with the '
+                f'same number of processes and batch size (and the same data), or {fallback}.')
         return done
 
     def run(self) -> torch.nn.Module:
