@@ -71,11 +71,11 @@ def _weights_url(source: str) -> Optional[str]:
     return match.group(0) if match else None
 
 
-def _model(config_dir: str, token: str, recipe: Recipe, zoo: dict) -> dict:
+def _model(token: str, preset: Config, recipe: Recipe, zoo: dict) -> dict:
+    """The model entry of ``recipe`` with the backbone preset ``token`` (its config ``preset``)."""
     from .analysis.paper_results import reported
     key = recipe_key(recipe)
     name = recipe.name.format(bb=token)
-    preset = _preset(config_dir, token)
     dataset, tasks = _DATA[key]
     meta = {'Backbone': preset.preset.name, 'Training Data': dataset}
     if key in SCHEDULES:
@@ -103,8 +103,9 @@ def _model(config_dir: str, token: str, recipe: Recipe, zoo: dict) -> dict:
     if results:
         entry['Results'] = results
         entry['Results source'] = paper.source
-    if key == 'imagenet' and _weights_url(preset.pretrained_source):
-        entry['Weights'] = _weights_url(preset.pretrained_source)
+    weights = _weights_url(preset.pretrained_source) if key == 'imagenet' else None
+    if weights:
+        entry['Weights'] = weights
     return entry
 
 
@@ -115,9 +116,10 @@ def metafiles(config_dir: str, zoo_json: str) -> Dict[str, str]:
     configs = set(expected_configs(config_dir))
     models: Dict[str, List[dict]] = {key: [] for key in FAMILIES}
     for token in backbone_tokens(config_dir):
+        preset = _preset(config_dir, token)
         for recipe in RECIPES:
             if f'{recipe.name.format(bb=token)}.py' in configs:
-                models[family_of(token)].append(_model(config_dir, token, recipe, zoo))
+                models[family_of(token)].append(_model(token, preset, recipe, zoo))
     files = {}
     for key, family in FAMILIES.items():
         collection = {'Name': family['name'],

@@ -669,6 +669,14 @@ def time_pass_cuda(run: Callable[[], Any], device: str) -> Tuple[float, Any]:
         return start.elapsed_time(end), result
 
 
+def pass_ms(run: Callable[[], Any], device: str) -> float:
+    """Milliseconds of one call of ``run()``: by CUDA events on a CUDA device (:func:`time_pass_cuda`), by the wall
+    clock elsewhere."""
+    if torch.device(device).type == 'cuda':
+        return time_pass_cuda(run, device)[0]
+    return time_pass(run, time.perf_counter, False)[0] * 1e3
+
+
 def time_passes(workload: Workload, mode: str) -> dict:
     """``warmup`` untimed then ``repeats`` timed passes of ``mode``; times in ms and throughput in images/s.
 
@@ -710,15 +718,9 @@ def matmul_peak_tflops(settings: BenchmarkSettings, size: Optional[int] = None, 
     a, b = (torch.randn(n, n, generator=generator, device=device).to(DTYPES[settings.dtype]) for _ in range(2))
     for _ in range(3):
         a @ b
-    times_ms = []
     if cuda:
         torch.cuda.synchronize(device)
-    for _ in range(repeats):
-        if cuda:
-            times_ms.append(time_pass_cuda(lambda: a @ b, device)[0])
-        else:
-            times_ms.append(time_pass(lambda: a @ b, time.perf_counter, False)[0] * 1e3)
-    median = statistics.median(times_ms)
+    median = statistics.median(pass_ms(lambda: a @ b, device) for _ in range(repeats))
     return dict(matmul_measured=2 * n ** 3 / (median / 1e3) / 1e12, matmul_size=n, dtype=settings.dtype,
                 matmul_ms=median)
 

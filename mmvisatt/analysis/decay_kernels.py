@@ -15,13 +15,13 @@ decay_attention.py`` is its command line. Which way the models' fused path takes
 """
 import gc
 import statistics
-import time
 from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 from mmengine.registry import MODELS
 from torch import Tensor
 
+from mmvisatt.analysis.benchmark import pass_ms
 from mmvisatt.models.layers.attention import attention
 from mmvisatt.models.layers.spatial_decay import BIAS_FLOOR, SpatialDecay
 
@@ -88,20 +88,7 @@ def decay_stages(preset: str, shape: Tuple[int, int]) -> List[dict]:
 def _time_ms(run: Callable[[], None], device: torch.device, warmup: int, repeats: int) -> List[float]:
     for _ in range(warmup):
         run()
-    times = []
-    for _ in range(repeats):
-        if device.type == 'cuda':
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            run()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
-            begin = time.perf_counter()
-            run()
-            times.append((time.perf_counter() - begin) * 1e3)
-    return times
+    return [pass_ms(run, str(device)) for _ in range(repeats)]
 
 
 def compare_decay_kernels(stage: dict, batch_size: int = 2, dtype: torch.dtype = torch.bfloat16,
