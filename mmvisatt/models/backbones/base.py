@@ -48,13 +48,15 @@ class AttentionBackbone(BaseModule):
     family-qualified preset prefix, e.g. ``'reswin'``), ``new_keys`` (patterns of parameters an official
     checkpoint does not have, such as dense-task output norms), ``in_channels`` and ``min_input_size`` (smallest
     input side the stem accepts), and implement ``_freeze_stages`` and ``_layer_order`` (for layer-wise
-    learning-rate decay).
+    learning-rate decay). ``static_export_shapes`` says why ONNX export must fix the input height and width
+    (None: they can be dynamic).
     """
     arch_zoo: Dict[str, dict] = {}
     _arch_keys: Tuple[str, ...] = ()
     _arch_prefix = ''
     _arch_aliases = {'tiny': 't', 'small': 's', 'base': 'b', 'large': 'l'}
     new_keys: Tuple[str, ...] = ()
+    static_export_shapes: Optional[str] = None
 
     @property
     def min_input_size(self) -> int:

@@ -165,6 +165,8 @@ class EVT(DecayBackbone):
     _arch_prefix = 'evt'
     _family = 'evt'
     new_keys = ('norm0.*', 'norm1.*', 'norm2.*', 'norm3.*')
+    static_export_shapes = ('the token groups (their number, padding and runs) are Python integers of the map '
+                            'size, which torch.export cannot trace symbolically')
 
     def __init__(self, arch: Union[str, dict] = 't', in_channels: int = 3, group_size: int = 49,
                  drop_path_rate: Optional[float] = None, layer_init_values: float = 1e-6,

@@ -741,6 +741,8 @@ class FANHybrid(FANViT):
 class FANSwin(FAN):
     """FAN-Swin: Swin-T/S/B/L stages whose MLPs are FAN's channel attention (``channel_attn`` per stage)."""
     form = 'swin'
+    static_export_shapes = ('the window padding and shift mask are built from the map size in Python, so '
+                            'torch.export fixes the size')
 
     def __init__(self, arch: Union[str, dict] = 'swin_t', form: Optional[str] = None, in_channels: int = 3,
                  mlp_ratio: float = 4., qkv_bias: bool = True, drop_rate: float = 0., attn_drop_rate: float = 0.,

@@ -166,6 +166,8 @@ class ReSwinTransformer(AttentionBackbone):
     _arch_prefix = 'reswin'
     # Keys that foreign (official, timm, classification) checkpoints cannot have.
     new_keys = ('alpha', 'norm0.*', 'norm1.*', 'norm2.*')
+    static_export_shapes = ('the window padding, shift mask and residual-score index maps are built from the map '
+                            'size in Python, so torch.export fixes the size')
 
     def __init__(self, arch: Union[str, dict] = 't', in_channels: int = 3, patch_size: int = 4,
                  window_size: int = 7, mlp_ratio: float = 4., qkv_bias: bool = True, drop_rate: float = 0.,

@@ -34,9 +34,13 @@ def relative_position_embeddings(table: Tensor, q_len: int, k_len: int) -> Tenso
         table = F.interpolate(table.t().unsqueeze(0), size=length, mode='linear').squeeze(0).t()
     q_ratio = max(k_len / q_len, 1.0)
     k_ratio = max(q_len / k_len, 1.0)
+    # float32 0-d tensors give the products of float32 positions and Python floats bit for bit, and unlike
+    # Python floats they stay tensors when export makes the sizes symbolic
+    q_ratio, k_ratio, shift = (torch.scalar_tensor(r, dtype=torch.float32, device=table.device)
+                               for r in (q_ratio, k_ratio, (k_len - 1) * k_ratio))
     offsets = (torch.arange(q_len, device=table.device)[:, None] * q_ratio -
                torch.arange(k_len, device=table.device)[None, :] * k_ratio)
-    offsets += (k_len - 1) * k_ratio
+    offsets += shift
     return table[offsets.long()]
 
 

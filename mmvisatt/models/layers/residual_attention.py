@@ -20,13 +20,13 @@ and key/value maps are pooled to strides that change from block to block, so ``S
   their strides. It gives the official numbers wherever the official code runs and extends it to any map size.
 """
 import math
-from functools import lru_cache
 from typing import Callable, NamedTuple, Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .shape_cache import shape_cache
 from .window import WindowGrid, window_slot_of, window_token_coords
 
 
@@ -52,7 +52,8 @@ def align_by_slot(prev: WindowScores, grid: WindowGrid, batch: int, num_heads: i
 
 
 # Blocks of a stage alternate between two partitions and batches mostly repeat their padded size, so a few
-# cached maps serve most calls; int32 indices halve their memory (about 15 MB per map at 800x1333 input).
+# cached maps serve most calls; int32 indices halve their memory (about 15 MB per map at 800x1333 input). They are
+# applied with index_select, which exports to ONNX Gather (int32 allowed), not GatherND (int64 only).
 class _PairSources(NamedTuple):
     index: Tensor  # (K, L) int32
     valid: Tensor  # (K, L) bool
@@ -60,7 +61,7 @@ class _PairSources(NamedTuple):
     any_valid: Tensor  # (num_windows, N, N) bool
 
 
-@lru_cache(maxsize=8)
+@shape_cache(maxsize=8)
 def _pair_sources(prev: WindowGrid, cur: WindowGrid, device: torch.device) -> _PairSources:
     """For every current (window, query, key) slot, where its pair of positions sits in ``prev``'s scores.
 
@@ -116,11 +117,11 @@ def align_by_position(prev: WindowScores, grid: WindowGrid, batch: int,
     index, valid, divisor, any_valid = _pair_sources(prev.grid, grid, scores.device)
     if index.shape[0] == 1:
         # One source per pair (within a stage): the average below reduces to this gather, bit for bit.
-        aligned = scores[:, :, index[0]] * valid[0]
+        aligned = scores.index_select(2, index[0]) * valid[0]
     else:
         total = scores.new_zeros(scores.shape[0], scores.shape[1], index.shape[1])
         for k in range(index.shape[0]):  # a loop keeps peak memory at one gather
-            total = total + scores[:, :, index[k]] * valid[k]
+            total = total + scores.index_select(2, index[k]) * valid[k]
         aligned = total / divisor
     aligned = aligned.reshape(batch, -1, grid.num_windows, N, N).transpose(1, 2)
     return aligned.reshape(batch * grid.num_windows, -1, N, N), any_valid

@@ -17,13 +17,14 @@ Distances come in three forms:
 Geometry (distances, group indices) is cached per (shape, device, dtype); the per-head bias is rebuilt from the
 decay buffer on each forward, because the buffer belongs to the model (it is loaded and cast with it).
 """
-from functools import lru_cache
 from typing import NamedTuple, Optional, Tuple
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
+
+from .shape_cache import shape_cache
 
 # Floor of every bias. exp(-1e4) is 0 in every float type, so the floor changes no result, yet it and any sum
 # of it with a finite logit stay finite in float16 (max 65504) and bfloat16: no -inf rows, no NaN.
@@ -57,13 +58,13 @@ def _pairwise(pos: Tensor, metric: str) -> Tensor:
 
 
 # Few entries: at 1333x800 a stride-16 grid's table alone is 70 MB, and multi-scale training varies the shape.
-@lru_cache(maxsize=4)
+@shape_cache(maxsize=4)
 def grid_distance(height: int, width: int, metric: str, device: torch.device, dtype: torch.dtype) -> Tensor:
     """(H*W, H*W) distances between the raster-ordered tokens of an (H, W) grid."""
     return _pairwise(_grid_positions(height, width, device, dtype), metric)
 
 
-@lru_cache(maxsize=16)
+@shape_cache(maxsize=16)
 def line_distance(length: int, device: torch.device, dtype: torch.dtype) -> Tensor:
     """(L, L) ``|i - j|``: the distance along one axis (decomposed attention)."""
     idx = torch.arange(length, device=device, dtype=dtype)
@@ -108,7 +109,7 @@ class TokenGroups(NamedTuple):
         return self.order.numel() - self.num_tokens
 
 
-@lru_cache(maxsize=16)
+@shape_cache(maxsize=16)
 def token_groups(height: int, width: int, group_size: int, mode: str, device: torch.device,
                  dtype: torch.dtype) -> TokenGroups:
     """Cut the H*W raster sequence into groups of ``group_size`` tokens (EuSAg: ``'grouped'``, consecutive;
@@ -179,35 +180,45 @@ def group_runs(groups: TokenGroups) -> Tuple[GroupRun, ...]:
     return tuple(run for run in runs if run.num_groups > 0 and run.length > 0)
 
 
+def _run_view(t: Tensor, run: GroupRun, groups: TokenGroups) -> Tensor:
+    """The tokens of ``run`` as a (B, run.num_groups, run.length, C) view of ``t``: for EuSAg a reshape of the
+    run's stretch of the (unpadded) sequence, for EuSAd a slice of the padded sequence viewed as (g, G) and
+    transposed."""
+    B, _, C = t.shape
+    if groups.mode == 'grouped':
+        stretch = t[:, run.start:run.start + run.num_groups * run.length]
+        return stretch.view(B, run.num_groups, run.length, C)
+    grid = t.view(B, groups.group_size, groups.num_groups, C).transpose(1, 2)
+    return grid[:, run.first_group:run.first_group + run.num_groups, :run.length]
+
+
 def grouped_attention_fused(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, groups: TokenGroups,
                             num_heads: int) -> Tensor:
-    """Decayed attention (``k`` pre-scaled) within the groups of ``groups``, fused, reading the groups as strided
-    views.
+    """Decayed attention (``k`` pre-scaled) within the groups of ``groups``, fused, reading the groups as views.
 
     q, k, v: (B, N, C) raster-ordered (``k`` scaled), C = heads * d; bias: (heads, G, g, g). Returns (B, N, C).
-    Gathering, padding and permuting the tokens into (B * heads * G, g, d), as the reference path does, costs more
-    than the fused kernel itself on groups this short (docs/performance.md), and the kernel takes strided inputs;
-    so each run of regularly spaced groups is handed to it as a view of the projections, and its output is
-    written once, in raster order. The padded
-    keys of the reference path carry a bias of :data:`BIAS_FLOOR` (softmax weight exactly 0), so leaving them out
-    changes no real query's result.
+    Gathering and permuting the tokens into (B * heads * G, g, d), as the reference path does, costs more than
+    the fused kernel itself on groups this short (docs/performance.md), and the kernel takes strided inputs; so
+    each run of :func:`group_runs` is handed to it as a view (:func:`_run_view`) and its output is written once.
+    Only EuSAd pads the sequence (a copy), because its last slots straddle the end. The padded keys of the
+    reference path carry a bias of :data:`BIAS_FLOOR` (softmax weight exactly 0), so leaving them out changes no
+    real query's result. Reshapes and slices (no ``as_strided``) keep it exportable to ONNX.
     """
     B, N, C = q.shape
     d = C // num_heads
-    q, k, v = (t.contiguous() for t in (q, k, v))
+    pad = groups.padding if groups.mode == 'dilated' else 0
+    q, k, v = (F.pad(t, (0, 0, 0, pad)) if pad else t.contiguous() for t in (q, k, v))
+    out = q.new_empty(q.shape)
     bias = bias.to(q.dtype)
-    out = q.new_empty(B, N, C)
     for run in group_runs(groups):
-        size = (run.num_groups, run.length, num_heads, d)
-        stride = (run.group_stride * C, run.slot_stride * C, d, 1)
         # (groups, heads, length, length): the mask's batch axis is the group axis of the views
         mask = bias[:, run.first_group:run.first_group + run.num_groups, :run.length, :run.length].transpose(0, 1)
+        qs, ks, vs, outs = (_run_view(t, run, groups).unflatten(-1, (num_heads, d)) for t in (q, k, v, out))
         for b in range(B):
-            offset = (b * N + run.start) * C
-            qs, ks, vs = (t.as_strided(size, stride, t.storage_offset() + offset).transpose(1, 2) for t in (q, k, v))
-            result = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, scale=1.0)
-            out.as_strided(size, stride, out.storage_offset() + offset).copy_(result.transpose(1, 2))
-    return out
+            result = F.scaled_dot_product_attention(qs[b].transpose(1, 2), ks[b].transpose(1, 2),
+                                                    vs[b].transpose(1, 2), attn_mask=mask, scale=1.0)
+            outs[b].copy_(result.transpose(1, 2))
+    return out[:, :N]
 
 
 class SpatialDecay(nn.Module):

@@ -3,13 +3,14 @@
 A :class:`WindowGrid` records how a feature map was cut into windows. Blocks need it twice: to build the
 attention mask, and to tell the next block's residual-score alignment which image positions a score belonged to.
 """
-from functools import lru_cache
 from typing import NamedTuple, Optional
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
+
+from .shape_cache import shape_cache
 
 # Swin's mask value. Kept instead of -inf so that scores of masked pairs stay finite and bit-compatible with
 # the official implementations.
@@ -108,7 +109,7 @@ def window_region_labels(grid: WindowGrid, device: Optional[torch.device] = None
 
 
 # Every block of a stage asks for the same one or two masks; building them is a few full-size passes.
-@lru_cache(maxsize=16)
+@shape_cache(maxsize=16)
 def window_attention_mask(grid: WindowGrid, device: Optional[torch.device] = None) -> Optional[Tensor]:
     """(num_windows, N, N) additive mask, or None when every pair may attend (no shift, no padding).
 
