@@ -178,6 +178,8 @@ def test_config_builds_wires_and_trains_one_step(path):
     for every trainable backbone parameter (DDP stops otherwise; find_unused_parameters is off). One config per
     recipe and backbone form also checks the recipe's weight-decay rules (the presets of a form share them)."""
     cfg, scope, model = _build(path)
+    from mmvisatt.engine.input_checks import LEGACY_KEYS
+    assert not [key for key in LEGACY_KEYS if key in cfg], 'mmdet 2.x keys would be refused by tools/train.py'
     model.train()
     outputs = []
     hook = model.backbone.register_forward_hook(lambda module, args, output: outputs.append(output))

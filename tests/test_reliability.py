@@ -656,3 +656,141 @@ def test_dataloader_keeps_up_without_leaking(tiny_det_config):
     # a tiny Mask R-CNN iteration at batch 8 takes seconds on this CPU; the loader must stay far below
     mean_wait = float(np.mean(waits[20:]))
     assert mean_wait < 0.25, f'the model would wait {mean_wait:.3f} s per batch for data'
+
+
+NOT_CHECKPOINTS = {
+    'empty': (b'', 'an empty file'),
+    'html': (b'<!DOCTYPE html>\n<html lang="en"><head><title>reswin_t.pth - GitHub</title>', 'a web page'),
+    'lfs': (b'version https://git-lfs.github.com/spec/v1\noid sha256:4d7a2b\nsize 113043405\n', 'a git-lfs pointer'),
+    'text': (b'404: Not Found', 'a text file'),
+    'binary': (bytes(range(200, 256)) * 4, 'neither a torch.save archive nor a pickle'),
+}
+
+
+@pytest.mark.parametrize('kind', list(NOT_CHECKPOINTS))
+def test_files_that_are_not_checkpoints_are_named_everywhere(kind, tiny_det_config, tmp_path):
+    """init_cfg, load_from, tools/test.py and the converter identify the file before torch.load sees it."""
+    from mmvisatt.checkpoint import NotACheckpointError, read_checkpoint
+    content, what = NOT_CHECKPOINTS[kind]
+    path = tmp_path / 'download.pth'
+    path.write_bytes(content)
+    with pytest.raises(NotACheckpointError, match=f'{path} is {what}'):
+        read_checkpoint(str(path))
+    init = dict(type='Pretrained', checkpoint=str(path))
+    with pytest.raises(CorruptCheckpointError, match=f'model.backbone.init_cfg {path} is {what}'):
+        entrypoints.check_model_files(Config(dict(model=dict(backbone=dict(init_cfg=init)))))
+    with pytest.raises(CorruptCheckpointError, match=f'load_from checkpoint {path} is {what}'):
+        entrypoints.check_model_files(Config(dict(model=dict(), load_from=str(path))))
+    with pytest.raises(CorruptCheckpointError, match=f'Checkpoint {path} is {what}'):
+        entrypoints.prepare_test([tiny_det_config, str(path), '--demo', '--work-dir', str(tmp_path)])
+    sys.path.insert(0, osp.join(REPO, 'tools', 'model_converters'))
+    import convert
+    with pytest.raises(SystemExit, match=f'convert: Checkpoint {path} is {what}'):
+        convert.main([str(path), str(tmp_path / 'out.pth')])
+
+
+def test_real_checkpoints_are_not_mistaken(tmp_path):
+    from mmvisatt.checkpoint import not_a_checkpoint
+    torch.save({'w': torch.ones(2)}, tmp_path / 'zip.pth')
+    torch.save({'w': torch.ones(2)}, tmp_path / 'legacy.pth', _use_new_zipfile_serialization=False)
+    assert not_a_checkpoint(str(tmp_path / 'zip.pth')) is None
+    assert not_a_checkpoint(str(tmp_path / 'legacy.pth')) is None
+
+
+def _user_config(tmp_path, base: str, body: str) -> str:
+    path = tmp_path / 'my_config.py'
+    path.write_text(f"_base_ = [{osp.join(REPO, 'configs', base)!r}]\n" + body)
+    return str(path)
+
+
+def test_mmdet2_keys_get_their_3x_names(tmp_path):
+    config = _user_config(tmp_path, 'retinanet_shunted_s_1x.py',
+                          "optimizer = dict(lr=0.005)\ndata = dict(samples_per_gpu=4)\nrunner = dict(max_epochs=24)\n"
+                          "resume_from = 'work_dirs/x/epoch_3.pth'\n")
+    with pytest.raises(ConfigKeyError) as error:
+        entrypoints.prepare_train([config, '--work-dir', str(tmp_path)])
+    message = str(error.value)
+    for old, new in [('optimizer', 'optim_wrapper.optimizer'), ('data', 'samples_per_gpu -> batch_size'),
+                     ('runner', 'train_cfg'), ('resume_from', '--resume PATH')]:
+        assert f'{old} (2.x) -> ' in message and new in message
+    base = osp.join(REPO, 'configs', 'retinanet_shunted_s_1x.py')
+    with pytest.raises(ConfigKeyError, match=r'(?s)--cfg-options: .*lr_config \(2.x\) -> param_scheduler'):
+        entrypoints.prepare_train([base, '--demo', '--work-dir', str(tmp_path), '--cfg-options', 'lr_config.step=3'])
+
+
+def test_misspelled_keys_in_a_user_config_file(tmp_path):
+    config = _user_config(tmp_path, 'retinanet_shunted_s_1x.py',
+                          'model = dict(backbone=dict(drop_path_rat=0.3))\ntrain_cfg = dict(max_epoch=24)\n')
+    with pytest.raises(ConfigKeyError) as error:
+        entrypoints.prepare_train([config, '--work-dir', str(tmp_path)])
+    message = str(error.value)
+    assert message.startswith(config) and 'did you mean model.backbone.drop_path_rate?' in message
+    assert 'did you mean train_cfg.max_epochs?' in message
+    # a key with no near namesake at its level reaches the class, which names its closest arguments
+    config = _user_config(tmp_path, 'retinanet_shunted_s_1x.py',
+                          "model = dict(backbone=dict(_delete_=True, type='ShuntedTransformer', arch='t', "
+                          'drop_path=0.3))\n')
+    cfg = entrypoints.prepare_train([config, '--demo', '--work-dir', str(tmp_path)])
+    with pytest.raises(ConfigKeyError, match=r"ShuntedTransformer the key 'drop_path'.*did you mean drop_path_rate"):
+        entrypoints.build_runner(cfg, entrypoints.import_task_library(cfg))
+
+
+def test_a_process_group_that_never_fills_says_what_it_waits_for(tiny_det_config, tmp_path):
+    """WORLD_SIZE=2 with one process started: after init_timeout seconds the process names what it waits for and
+    exits (status 3), instead of torch's 30 silent minutes."""
+    port = _free_port()
+    env = dict(os.environ, WORLD_SIZE='2', RANK='0', LOCAL_RANK='0', MASTER_ADDR='127.0.0.1', MASTER_PORT=str(port),
+               OMP_NUM_THREADS='1')
+    cmd = [sys.executable, osp.join(REPO, 'tools', 'train.py'), tiny_det_config, '--demo', '--launcher', 'pytorch',
+           '--work-dir', str(tmp_path), '--cfg-options', 'env_cfg.dist_cfg.init_timeout=3']
+    start = time.time()
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 3, proc.stderr[-2000:]
+    assert (f'process group not formed after 3 s: rank 0 of WORLD_SIZE=2 is waiting for the other processes at '
+            f'127.0.0.1:{port}') in proc.stderr
+    assert 'env_cfg.dist_cfg.init_timeout=SECONDS' in proc.stderr and time.time() - start < 240
+
+
+def test_a_syntax_error_in_an_inherited_file_names_it(tmp_path):
+    from mmvisatt.engine.input_checks import ConfigFileError
+    (tmp_path / 'my_base.py').write_text("_base_ = [{!r}]\nmodel = dict(backbone=dict(\n    drop_path_rate=0.2,\n"
+                                         .format(osp.join(REPO, 'configs', 'upernet_rmt_t_160k_ade20k.py')))
+    (tmp_path / 'my_config.py').write_text("_base_ = ['./my_base.py']\n")
+    with pytest.raises(ConfigFileError, match=rf"{tmp_path / 'my_base.py'}:2:\d+: '\(' was never closed"):
+        entrypoints.prepare_train([str(tmp_path / 'my_config.py'), '--work-dir', str(tmp_path)])
+
+
+def test_test_tool_refuses_a_checkpoint_of_another_model(demo_det_run, tiny_det_config, tmp_path):
+    from mmvisatt.checkpoint import CheckpointMismatchError
+    args = [tiny_det_config, osp.join(demo_det_run, 'iter_3.pth'), '--demo', '--work-dir', str(tmp_path)]
+    with pytest.raises(CheckpointMismatchError) as error:
+        entrypoints.test_main(args + ['--cfg-options', 'model.roi_head.bbox_head.num_classes=5',
+                                      'visualizer.name=mismatch_test'])
+    message = str(error.value)
+    assert 'does not fit the model' in message and 'roi_head.bbox_head.fc_cls.weight' in message
+    assert 'trained for' in message
+
+
+def test_resume_with_another_class_count_is_refused_before_training(demo_det_run, tiny_det_config, tmp_path):
+    from mmvisatt.checkpoint import CheckpointMismatchError
+    shutil.copy(osp.join(demo_det_run, 'iter_3.pth'), tmp_path / 'iter_3.pth')
+    with pytest.raises(CheckpointMismatchError, match=r'(?s)fc_cls.weight.*--resume continues the model'):
+        entrypoints.train_main([tiny_det_config, '--demo', '--work-dir', str(tmp_path), '--resume',
+                                str(tmp_path / 'iter_3.pth'), '--cfg-options',
+                                'model.roi_head.bbox_head.num_classes=5', 'visualizer.name=resume_mismatch'])
+
+
+def test_moved_data_with_a_stale_evaluator_file_is_refused(tmp_path):
+    from mmvisatt.engine.input_checks import check_evaluator_files
+    cfg = Config.fromfile(osp.join(REPO, 'configs', 'mask_rcnn_reswin_t_1x.py'))
+    check_evaluator_files(cfg)  # the shipped config is consistent
+    cfg.merge_from_dict({'val_dataloader.dataset.data_root': 'data/my_set/'})
+    with pytest.raises(AnnotationError) as error:
+        check_evaluator_files(cfg)
+    message = str(error.value)
+    assert 'val_evaluator.ann_file is data/coco/annotations/instances_val2017.json' in message
+    assert '--cfg-options val_evaluator.ann_file=data/my_set/annotations/instances_val2017.json' in message
+    cfg.merge_from_dict({'val_evaluator.ann_file': 'data/my_set/annotations/instances_val2017.json'})
+    with pytest.raises(AnnotationError, match='test_evaluator.ann_file is data/coco'):
+        cfg.merge_from_dict({'test_dataloader.dataset.data_root': 'data/my_set/'})
+        check_evaluator_files(cfg)

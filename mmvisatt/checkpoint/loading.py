@@ -72,14 +72,48 @@ def registered_families() -> List[str]:
     return sorted(_CONVERTERS)
 
 
+class NotACheckpointError(ValueError):
+    """The file is not a PyTorch checkpoint at all (empty, a web page, a git-lfs pointer, other text)."""
+
+
+def not_a_checkpoint(path: str) -> Optional[str]:
+    """What the local file ``path`` is when it is not a checkpoint, with the fix; None for a ``torch.save`` zip
+    archive, a legacy pickle and anything else a loader may know (e.g. safetensors). Reads the first 512 bytes."""
+    with open(path, 'rb') as f:
+        head = f.read(512)
+    if not head:
+        return 'an empty file (0 bytes): the download or copy did not finish. Download or copy it again'
+    if head.startswith(b'PK\x03\x04') or head[:1] == b'\x80':
+        return None
+    text = head.lstrip().lower()
+    if text.startswith(b'version https://git-lfs'):
+        return (f'a git-lfs pointer ({osp.getsize(path)} bytes of text naming the real file), not the file: run '
+                '`git lfs pull` in the repository it came from, or download the file itself')
+    if text.startswith((b'<!doctype html', b'<html', b'<?xml', b'<head')) or b'<html' in text:
+        return ('a web page (HTML), not a checkpoint: the download saved the page instead of the file (a GitHub '
+                "'blob' page, a Google Drive warning or a login page). Download the file itself (GitHub: the "
+                "'raw' or release-asset URL)")
+    if head[8:9] == b'{' and int.from_bytes(head[:8], 'little') < 100_000_000:
+        return None  # safetensors: 8-byte header length, then JSON
+    if all(32 <= b < 127 or b in (9, 10, 13) for b in head):
+        return f'a text file ({head[:40].decode(errors="replace").strip()!r}...), not a checkpoint'
+    return (f'neither a torch.save archive nor a pickle (it starts with {head[:8]!r}): not a PyTorch checkpoint, '
+            'or a damaged one. Download or copy it again')
+
+
 def read_checkpoint(path: str, map_location: str = 'cpu') -> dict:
-    """Read a local file or URL; a missing local file gets an error that says how to provide it."""
+    """Read a local file or URL; a missing local file or one that is no checkpoint gets an error that says how to
+    provide it."""
     is_url = '://' in path
     if not is_url and not osp.isfile(path):
         raise FileNotFoundError(
             f"Checkpoint '{path}' does not exist (working directory: {os.getcwd()}). Download the official "
             f"ImageNet checkpoint listed in the README ('Pretrained checkpoints') to that path, or pass another "
             f"one with --cfg-options model.backbone.init_cfg.checkpoint=PATH.")
+    if not is_url:
+        problem = not_a_checkpoint(path)
+        if problem:
+            raise NotACheckpointError(f'Checkpoint {path} is {problem}.')
     return CheckpointLoader.load_checkpoint(path, map_location=map_location)
 
 

@@ -10,6 +10,7 @@ import importlib
 import os
 import os.path as osp
 import sys
+import threading
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import torch
@@ -18,11 +19,14 @@ from mmengine.device import get_device
 from mmengine.logging import print_log
 from mmengine.runner import Runner
 
+from mmvisatt.checkpoint import CheckpointMismatchError
 from .checks import MissingCheckpointError, MissingDataError, check_data, check_pretrained, pretrained_inits
 from .demo import DemoSettings, describe_demo, to_demo_config
 from .guards import NonFiniteLossError
-from .input_checks import (AnnotationError, ConfigKeyError, CorruptCheckpointError, CorruptImageError,
-                           check_annotations, check_cfg_options, check_checkpoint_file, explain_image_error)
+from .input_checks import (AnnotationError, ConfigFileError, ConfigKeyError, CorruptCheckpointError, CorruptImageError,
+                           check_annotations, check_cfg_options, check_checkpoint_file, check_config_file_keys,
+                           check_evaluator_files, check_legacy_keys, explain_build_error, explain_image_error,
+                           load_config_file)
 from .mid_epoch import MidEpochResumeError
 from .reliability import add_custom_hooks, enable_reliable_training, resolve_auto_resume
 
@@ -87,13 +91,16 @@ def import_task_library(cfg: Config) -> str:
 def load_config(args: argparse.Namespace, train: bool) -> Config:
     """The config with ``--demo``, ``--cfg-options`` (after the demo, so they can adjust it), ``--work-dir`` and
     ``--launcher`` applied."""
-    cfg = Config.fromfile(args.config)
+    cfg = load_config_file(args.config)
+    check_legacy_keys(cfg, args.config)
+    check_config_file_keys(args.config, cfg)
     config_lr = cfg.get('optim_wrapper', {}).get('optimizer', {}).get('lr')
     if args.demo:
         to_demo_config(cfg, DemoSettings(), train=train)
     if args.cfg_options:
         check_cfg_options(cfg, args.cfg_options)
         cfg.merge_from_dict(args.cfg_options)
+        check_legacy_keys(cfg, '--cfg-options')
     if args.demo and train:
         print_log(describe_demo(cfg, config_lr), logger='current')
     cfg.launcher = args.launcher
@@ -157,8 +164,44 @@ def _replace_sync_bn(node: Any) -> int:
     return count
 
 
+# How long a process waits for the others to join its process group before it says what it waits for and exits
+# (env_cfg.dist_cfg.init_timeout); torch's own default is 30 minutes of silence.
+INIT_TIMEOUT_S = 300.
+
+
+def _timeout_kwargs(dist_cfg: ConfigDict) -> dict:
+    timeout = dist_cfg.get('timeout')
+    return {} if timeout is None else {'timeout': datetime.timedelta(seconds=timeout)}
+
+
+@contextlib.contextmanager
+def _forming_group(timeout_s: float):
+    """Exit the process with a message naming what it waits for if the process group has not formed within
+    ``timeout_s`` seconds (a world size that never fills: fewer processes started than WORLD_SIZE, another
+    MASTER_PORT, a node that never came up)."""
+    done = threading.Event()
+    env = {k: os.environ.get(k, '?') for k in ('RANK', 'WORLD_SIZE', 'MASTER_ADDR', 'MASTER_PORT')}
+
+    def watch() -> None:
+        if done.wait(timeout_s):
+            return
+        print(f"error: process group not formed after {timeout_s:.0f} s: rank {env['RANK']} of WORLD_SIZE="
+              f"{env['WORLD_SIZE']} is waiting for the other processes at {env['MASTER_ADDR']}:"
+              f"{env['MASTER_PORT']}. Start all {env['WORLD_SIZE']} (nproc_per_node x nnodes, the same "
+              'MASTER_ADDR and MASTER_PORT everywhere), or wait longer with --cfg-options '
+              'env_cfg.dist_cfg.init_timeout=SECONDS.', file=sys.stderr, flush=True)
+        os._exit(3)
+
+    threading.Thread(target=watch, daemon=True, name='process-group-watchdog').start()
+    try:
+        yield
+    finally:
+        done.set()
+
+
 def setup_distributed(cfg: Config) -> None:
-    """Pick the process-group backend: nccl with CUDA, gloo without.
+    """Pick the process-group backend (nccl with CUDA, gloo without) and, for ``--launcher pytorch``, form the
+    process group under a watchdog (:func:`_forming_group`, ``env_cfg.dist_cfg.init_timeout`` seconds).
 
     On a machine without an accelerator, mmengine 0.10.7 cannot start a ``pytorch``-launched job by itself: its
     ``init_dist`` calls ``torch.cuda.set_device`` and its DDP wrapper passes ``device_ids=[LOCAL_RANK]``. So for
@@ -168,8 +211,14 @@ def setup_distributed(cfg: Config) -> None:
     """
     env_cfg = cfg.setdefault('env_cfg', ConfigDict())
     dist_cfg = env_cfg.setdefault('dist_cfg', ConfigDict())
+    init_timeout = float(dist_cfg.pop('init_timeout', INIT_TIMEOUT_S))
     if torch.cuda.is_available():
         dist_cfg.setdefault('backend', 'nccl')
+        if cfg.launcher == 'pytorch' and not torch.distributed.is_initialized():
+            # what mmengine's init_dist does for this launcher, inside the watchdog
+            torch.cuda.set_device(int(os.environ.get('LOCAL_RANK', 0)))
+            with _forming_group(init_timeout):
+                torch.distributed.init_process_group(backend=dist_cfg.backend, **_timeout_kwargs(dist_cfg))
         return
     if dist_cfg.get('backend', 'nccl') == 'nccl':
         dist_cfg.backend = 'gloo'
@@ -179,10 +228,8 @@ def setup_distributed(cfg: Config) -> None:
         raise RuntimeError(f'CPU distributed runs are supported with --launcher pytorch (tools/dist_train.sh), '
                            f'not {cfg.launcher!r}')
     if not torch.distributed.is_initialized():
-        kwargs = {}
-        if dist_cfg.get('timeout') is not None:
-            kwargs['timeout'] = datetime.timedelta(seconds=dist_cfg.timeout)
-        torch.distributed.init_process_group(backend=dist_cfg.backend, **kwargs)
+        with _forming_group(init_timeout):
+            torch.distributed.init_process_group(backend=dist_cfg.backend, **_timeout_kwargs(dist_cfg))
     wrapper = cfg.setdefault('model_wrapper_cfg', ConfigDict(type='MMDistributedDataParallel'))
     wrapper.setdefault('device_ids', None)
     wrapper.setdefault('broadcast_buffers', False)
@@ -193,9 +240,15 @@ def setup_distributed(cfg: Config) -> None:
 
 
 def build_runner(cfg: Config, scope: str) -> Runner:
-    if 'runner_type' in cfg:
-        return importlib.import_module(f'{scope}.registry').RUNNERS.build(cfg)
-    return Runner.from_cfg(cfg)
+    try:
+        if 'runner_type' in cfg:
+            return importlib.import_module(f'{scope}.registry').RUNNERS.build(cfg)
+        return Runner.from_cfg(cfg)
+    except TypeError as error:
+        explained = explain_build_error(error)
+        if explained is None:
+            raise
+        raise explained from error
 
 
 def prepare_train(argv: Optional[Sequence[str]] = None) -> Config:
@@ -203,6 +256,7 @@ def prepare_train(argv: Optional[Sequence[str]] = None) -> Config:
     args = parse_train_args(argv)
     cfg = enable_reliable_training(apply_train_args(load_config(args, train=True), args))
     check_data(cfg, ('train_dataloader', 'val_dataloader'))
+    check_evaluator_files(cfg)
     # the Runner initialises weights before it loads or resumes, so the file is needed in every case
     check_pretrained(cfg)
     check_model_files(cfg)
@@ -240,6 +294,10 @@ def train_main(argv: Optional[Sequence[str]] = None) -> Runner:
     scope = import_task_library(cfg)
     setup_distributed(cfg)
     runner = build_runner(cfg, scope)
+    if cfg.get('resume') and cfg.get('load_from'):
+        check_checkpoint_fits(runner.model, cfg.load_from,
+                              hint='--resume continues the model the checkpoint was saved from; to train another '
+                              'head or class count from its weights, pass --cfg-options load_from=PATH instead.')
     with _image_errors_explained():
         runner.train()
     return runner
@@ -254,6 +312,7 @@ def prepare_test(argv: Optional[Sequence[str]] = None) -> Tuple[Config, argparse
     cfg.load_from = args.checkpoint
     check_checkpoint_file(args.checkpoint, 'Checkpoint', 'Pass a complete checkpoint file.', zip_only=True)
     check_data(cfg, ('test_dataloader',))
+    check_evaluator_files(cfg)
     add_custom_hooks(cfg, 'ChannelCheckHook')
     scope = cfg.get('default_scope')
     if args.show_dir:
@@ -267,11 +326,28 @@ def prepare_test(argv: Optional[Sequence[str]] = None) -> Tuple[Config, argparse
     return cfg, args
 
 
+def check_checkpoint_fits(model: torch.nn.Module, path: str, demo: bool = False, hint: str = '') -> None:
+    """Raise :class:`CheckpointMismatchError` unless the local checkpoint has a tensor of the model's shape for
+    every model key: mmengine loads test checkpoints with ``strict=False`` and evaluates whatever results."""
+    if '://' in path:
+        return
+    from mmengine.model import is_model_wrapper
+
+    from mmvisatt.apis.inference import InferenceError, _classes_hint, check_weights_fit
+    model = model.module if is_model_wrapper(model) else model
+    checkpoint = torch.load(path, map_location='cpu', mmap=True, weights_only=False)
+    try:
+        check_weights_fit(model, checkpoint, hint or _classes_hint(checkpoint, demo))
+    except InferenceError as error:
+        raise CheckpointMismatchError(f'{path}: {error}') from None
+
+
 def test_main(argv: Optional[Sequence[str]] = None) -> dict:
     cfg, args = prepare_test(argv)
     scope = import_task_library(cfg)
     setup_distributed(cfg)
     runner = build_runner(cfg, scope)
+    check_checkpoint_fits(runner.model, args.checkpoint, args.demo)
     if args.out and scope == 'mmdet':
         from mmdet.evaluation import DumpDetResults
         runner.test_evaluator.metrics.append(DumpDetResults(out_file_path=args.out))
@@ -284,8 +360,9 @@ def run_tool(main: Callable[[Optional[Sequence[str]]], Any], argv: Optional[Sequ
     resume under another data layout) and a non-finite loss end it with their message, not a traceback."""
     try:
         main(argv)
-    except (MissingDataError, MissingCheckpointError, NonFiniteLossError, ConfigKeyError, AnnotationError,
-            CorruptCheckpointError, CorruptImageError, MidEpochResumeError) as error:
+    except (MissingDataError, MissingCheckpointError, NonFiniteLossError, ConfigKeyError, ConfigFileError,
+            AnnotationError, CorruptCheckpointError, CheckpointMismatchError, CorruptImageError,
+            MidEpochResumeError) as error:
         sys.exit(f'error: {error}')
 
 

@@ -24,6 +24,7 @@ from mmengine.hooks import Hook
 from mmengine.model import is_model_wrapper
 from mmengine.registry import HOOKS
 
+from mmvisatt.checkpoint import not_a_checkpoint
 from mmvisatt.datasets.transforms import CorruptImageError, image_truncation, truncated_image_message
 from .checks import leaf_datasets
 from .reliability import checkpoint_problem
@@ -54,7 +55,8 @@ def _children(node: Any) -> Optional[List[str]]:
     return None
 
 
-def check_cfg_options(cfg: Config, options: Optional[Dict[str, Any]], cutoff: float = 0.8) -> None:
+def check_cfg_options(cfg: Config, options: Optional[Dict[str, Any]], cutoff: float = 0.8,
+                      source: str = '--cfg-options') -> None:
     """Raise :class:`ConfigKeyError` for ``options`` keys that miss the config by a typo.
 
     A key is followed down the config as far as it exists. Where it leaves the config, the missing part is
@@ -87,9 +89,127 @@ def check_cfg_options(cfg: Config, options: Optional[Dict[str, Any]], cutoff: fl
                 problems.append(f'{key}: no key {part!r} there; did you mean {names}?')
             break
     if problems:
-        raise ConfigKeyError('--cfg-options: unknown key(s), probably misspelled:\n  ' + '\n  '.join(problems) +
+        raise ConfigKeyError(f'{source}: unknown key(s), probably misspelled:\n  ' + '\n  '.join(problems) +
                              '\n(A genuinely new key with a name this close to an existing one: put it in a config '
                              'that inherits from this one.)')
+
+
+# mmdet / mmseg 2.x (mmcv runner) config keys, which 3.x configs ignore, and where their settings live now
+LEGACY_KEYS = {
+    'optimizer': 'optim_wrapper.optimizer (optim_wrapper=dict(optimizer=dict(type=..., lr=...)))',
+    'optimizer_config': 'optim_wrapper (clip_grad=...; AmpOptimWrapper or --amp for fp16)',
+    'lr_config': 'param_scheduler (a list, e.g. LinearLR warm-up then MultiStepLR)',
+    'runner': 'train_cfg (type=EpochBasedTrainLoop, max_epochs=... or IterBasedTrainLoop, max_iters=...)',
+    'total_epochs': 'train_cfg.max_epochs',
+    'data': 'train_dataloader / val_dataloader / test_dataloader (samples_per_gpu -> batch_size, '
+            'workers_per_gpu -> num_workers, train/val/test -> dataset)',
+    'resume_from': 'tools/train.py --resume PATH',
+    'evaluation': 'val_evaluator (the metric) and train_cfg.val_interval (how often)',
+    'checkpoint_config': 'default_hooks.checkpoint (interval=..., max_keep_ckpts=...)',
+    'log_config': 'default_hooks.logger (interval=...) and visualizer.vis_backends',
+    'workflow': 'train_cfg / val_cfg (loops replace workflows)',
+    'dist_params': 'env_cfg.dist_cfg',
+    'fp16': 'tools/train.py --amp (or optim_wrapper.type=AmpOptimWrapper)',
+    'gpu_ids': 'CUDA_VISIBLE_DEVICES and --launcher',
+}
+
+
+def check_legacy_keys(cfg: Config, source: str) -> None:
+    """Raise :class:`ConfigKeyError` for mmdet / mmseg 2.x keys, which the 3.x Runner would silently ignore."""
+    found = [key for key in LEGACY_KEYS if key in cfg]
+    if found:
+        lines = [f'{key} (2.x) -> {LEGACY_KEYS[key]}' for key in found]
+        raise ConfigKeyError(f'{source}: mmdet/mmseg 2.x key(s) that 3.x configs ignore; move each setting to its '
+                             '3.x name:\n  ' + '\n  '.join(lines))
+
+
+def _new_paths(node: Any, base: Any, prefix: str = '') -> List[str]:
+    """Dotted paths of the dict keys of ``node`` that ``base`` lacks (the first missing level of each)."""
+    if not isinstance(node, (dict, Config)) or not isinstance(base, (dict, Config)) or node.get('_delete_'):
+        return []
+    paths = []
+    for key, value in node.items():
+        if str(key).startswith('_'):
+            continue
+        path = f'{prefix}.{key}' if prefix else str(key)
+        if key not in base:
+            paths.append(path)
+        else:
+            paths.extend(_new_paths(value, base[key], path))
+    return paths
+
+
+def check_config_file_keys(path: str, cfg: Config) -> None:
+    """Raise :class:`ConfigKeyError` for keys a config file adds to its ``_base_`` configs that miss an existing
+    key by a typo (``drop_path_rat`` for ``drop_path_rate``), as :func:`check_cfg_options` does for options."""
+    bases = Config._get_base_files(path) if osp.isfile(path) else []
+    if not bases:
+        return
+    import tempfile
+    here = osp.dirname(osp.abspath(path))
+    resolved = [b if osp.isabs(b) or '::' in b else osp.normpath(osp.join(here, b)) for b in bases]
+    with tempfile.TemporaryDirectory() as tmp:
+        only_bases = osp.join(tmp, 'bases.py')
+        with open(only_bases, 'w') as f:
+            f.write(f'_base_ = {resolved!r}\n')
+        base = Config.fromfile(only_bases)
+    check_cfg_options(base, {p: None for p in _new_paths(cfg, base)}, source=path)
+
+
+def explain_build_error(error: TypeError, cutoff: float = 0.6) -> Optional[ConfigKeyError]:
+    """A :class:`ConfigKeyError` for a registry build that failed on an unexpected keyword (a key the class does
+    not take, from a config), naming the class and its closest arguments; None for other errors."""
+    import inspect
+    match = re.search(r"(\w+)\.__init__\(\) got an unexpected keyword argument '(\w+)'", str(error))
+    if not match:
+        return None
+    cls_name, key = match.groups()
+    from mmengine.registry import MODELS
+    cls = MODELS.get(cls_name)
+    params = [] if cls is None else [n for n in inspect.signature(cls.__init__).parameters if n not in ('self', )]
+    close = difflib.get_close_matches(key, params, n=3, cutoff=cutoff)
+    hint = f'did you mean {", ".join(close)}?' if close else f'it takes: {", ".join(params)}'
+    return ConfigKeyError(f"the config gives {cls_name} the key {key!r}, which it does not take; {hint}")
+
+
+class ConfigFileError(ValueError):
+    """A config file (or one of its ``_base_`` files) that Python cannot parse."""
+
+
+def find_config_syntax_error(path: str, _seen: Optional[set] = None) -> Optional[str]:
+    """``file:line:column: message`` of the first syntax error in ``path`` or the ``_base_`` files it inherits
+    (mmengine's own ``SyntaxError`` names no file), or None."""
+    import ast
+    seen = set() if _seen is None else _seen
+    path = osp.abspath(path)
+    if path in seen or not osp.isfile(path):
+        return None
+    seen.add(path)
+    with open(path, encoding='utf-8') as f:
+        source = f.read()
+    try:
+        ast.parse(source, filename=path)
+    except SyntaxError as error:
+        return f'{path}:{error.lineno}:{error.offset}: {error.msg}'
+    for base in Config._get_base_files(path):
+        if '::' in base:
+            continue  # a package config (mmdet::...), not the user's
+        found = find_config_syntax_error(osp.join(osp.dirname(path), base), seen)
+        if found:
+            return found
+    return None
+
+
+def load_config_file(path: str) -> Config:
+    """``Config.fromfile`` whose syntax errors name the file and line, in the config or any ``_base_`` file."""
+    try:
+        return Config.fromfile(path)
+    except SyntaxError as error:
+        where = find_config_syntax_error(path)
+        if where is None:
+            raise
+        raise ConfigFileError(f'syntax error in a config file: {where}. Fix that file (configs inherit it '
+                              'through _base_).') from error
 
 
 def _ann_file(dataset: dict) -> Optional[str]:
@@ -98,6 +218,28 @@ def _ann_file(dataset: dict) -> Optional[str]:
         return None
     root = dataset.get('data_root')
     return ann if root is None or osp.isabs(ann) else osp.join(root, ann)
+
+
+def check_evaluator_files(cfg: Config) -> None:
+    """Raise :class:`AnnotationError` when ``val_evaluator`` / ``test_evaluator`` score against another annotation
+    file than their dataset loads (data moved with ``--cfg-options *.dataset.data_root=...`` while the
+    evaluator's ``ann_file`` still names the old one): the scores would silently be against another set."""
+    problems = []
+    for loader, evaluator in (('val_dataloader', 'val_evaluator'), ('test_dataloader', 'test_evaluator')):
+        metrics = cfg.get(evaluator)
+        datasets = list(leaf_datasets((cfg.get(loader) or {}).get('dataset')))
+        if not metrics or len(datasets) != 1:
+            continue
+        dataset_file = _ann_file(datasets[0])
+        for i, metric in enumerate(metrics if isinstance(metrics, (list, tuple)) else [metrics]):
+            metric_file = metric.get('ann_file') if isinstance(metric, dict) else None
+            if not metric_file or not dataset_file or osp.normpath(metric_file) == osp.normpath(dataset_file):
+                continue
+            key = f'{evaluator}.ann_file' if not isinstance(metrics, (list, tuple)) else f'{evaluator}.{i}.ann_file'
+            problems.append(f'{key} is {metric_file}, but {loader} loads {dataset_file}: the scores would be '
+                            f'computed against another set. Pass --cfg-options {key}={dataset_file}')
+    if problems:
+        raise AnnotationError('\n'.join(problems))
 
 
 def check_coco_annotations(path: str, classes: Optional[Sequence[str]] = None, train: bool = True) -> None:
@@ -159,6 +301,9 @@ def check_checkpoint_file(path: Optional[str], what: str, fix: str, zip_only: bo
     """
     if not path or '://' in path or not osp.isfile(path):
         return
+    problem = not_a_checkpoint(path)
+    if problem is not None:
+        raise CorruptCheckpointError(f'{what} {path} is {problem}.')
     with open(path, 'rb') as f:
         head = f.read(4)
     if head[:1] == b'\x80' or (zip_only and head != b'PK\x03\x04'):
@@ -258,5 +403,7 @@ def explain_image_error(error: BaseException) -> Optional[CorruptImageError]:
 
 
 __all__ = ['ConfigKeyError', 'AnnotationError', 'CorruptCheckpointError', 'CorruptImageError', 'check_cfg_options',
+           'check_legacy_keys', 'check_config_file_keys', 'explain_build_error', 'LEGACY_KEYS', 'ConfigFileError',
+           'find_config_syntax_error', 'load_config_file', 'check_evaluator_files',
            'check_coco_annotations', 'check_annotations', 'check_checkpoint_file', 'ChannelCheckHook',
            'explain_image_error', 'truncated_image_message', 'MAX_CHECKED_ANN_BYTES']
