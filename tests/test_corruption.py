@@ -7,6 +7,7 @@ import os.path as osp
 
 import numpy as np
 import pytest
+import torch
 from mmengine.config import Config
 from mmengine.registry import TRANSFORMS
 
@@ -158,7 +159,7 @@ def test_segmentation_demo_pipeline_gets_corrupted_images(tmp_path, monkeypatch)
     from mmvisatt.engine import prepare_test
 
     monkeypatch.chdir(tmp_path)
-    (tmp_path / 'model.pth').write_bytes(b'')
+    torch.save({}, tmp_path / 'model.pth')
     cfg, _ = prepare_test([osp.join(CONFIGS, 'upernet_reswin_t_160k_ade20k.py'), 'model.pth', '--demo'])
     insert_corruption(corrupted_cfg := copy.deepcopy(cfg), 'jpeg_compression', 5)
     with DefaultScope.overwrite_default_scope('mmseg'):

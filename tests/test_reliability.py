@@ -718,15 +718,7 @@ def test_mmdet2_keys_get_their_3x_names(tmp_path):
         entrypoints.prepare_train([base, '--demo', '--work-dir', str(tmp_path), '--cfg-options', 'lr_config.step=3'])
 
 
-def test_misspelled_keys_in_a_user_config_file(tmp_path):
-    config = _user_config(tmp_path, 'retinanet_shunted_s_1x.py',
-                          'model = dict(backbone=dict(drop_path_rat=0.3))\ntrain_cfg = dict(max_epoch=24)\n')
-    with pytest.raises(ConfigKeyError) as error:
-        entrypoints.prepare_train([config, '--work-dir', str(tmp_path)])
-    message = str(error.value)
-    assert message.startswith(config) and 'did you mean model.backbone.drop_path_rate?' in message
-    assert 'did you mean train_cfg.max_epochs?' in message
-    # a key with no near namesake at its level reaches the class, which names its closest arguments
+def test_keys_a_class_does_not_take_get_its_closest_arguments(tmp_path):
     config = _user_config(tmp_path, 'retinanet_shunted_s_1x.py',
                           "model = dict(backbone=dict(_delete_=True, type='ShuntedTransformer', arch='t', "
                           'drop_path=0.3))\n')

@@ -33,7 +33,7 @@ def fake_coco(tmp_path, monkeypatch):
 def fake_checkpoint(fake_coco):
     path = fake_coco / 'checkpoints/reswin_tiny_patch4_window7_224.pth'
     path.parent.mkdir()
-    path.write_bytes(b'')
+    torch.save({}, path)  # a real (empty) checkpoint: a 0-byte file is refused as not a checkpoint
     return path
 
 
@@ -58,7 +58,7 @@ def test_missing_checkpoint_says_where_to_get_it(fake_coco):
 
 def test_checkpoint_given_on_the_command_line(fake_coco, tmp_path):
     other = tmp_path / 'swin_tiny_patch4_window7_224.pth'
-    other.write_bytes(b'')
+    torch.save({}, other)
     cfg = prepare_train([MASK_3X, '--cfg-options', f'model.backbone.init_cfg.checkpoint={other}'])
     assert cfg.model.backbone.init_cfg.checkpoint == str(other)
 
@@ -159,7 +159,7 @@ def test_demo_transform_cascade_and_overrides(tmp_path, monkeypatch):
 def test_demo_test_config(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     ckpt = tmp_path / 'model.pth'
-    ckpt.write_bytes(b'')
+    torch.save({}, ckpt)
     cfg, _ = prepare_test([MASK_3X, str(ckpt), '--demo'])
     assert cfg.load_from == str(ckpt) and cfg.model.roi_head.bbox_head.num_classes == 3
     assert cfg.test_dataloader.dataset.ann_file == 'annotations/instances_val.json'

@@ -24,9 +24,8 @@ from .checks import MissingCheckpointError, MissingDataError, check_data, check_
 from .demo import DemoSettings, describe_demo, to_demo_config
 from .guards import NonFiniteLossError
 from .input_checks import (AnnotationError, ConfigFileError, ConfigKeyError, CorruptCheckpointError, CorruptImageError,
-                           check_annotations, check_cfg_options, check_checkpoint_file, check_config_file_keys,
-                           check_evaluator_files, check_legacy_keys, explain_build_error, explain_image_error,
-                           load_config_file)
+                           check_annotations, check_cfg_options, check_checkpoint_file, check_evaluator_files,
+                           check_legacy_keys, explain_build_error, explain_image_error, load_config_file)
 from .mid_epoch import MidEpochResumeError
 from .reliability import add_custom_hooks, enable_reliable_training, resolve_auto_resume
 
@@ -93,7 +92,6 @@ def load_config(args: argparse.Namespace, train: bool) -> Config:
     ``--launcher`` applied."""
     cfg = load_config_file(args.config)
     check_legacy_keys(cfg, args.config)
-    check_config_file_keys(args.config, cfg)
     config_lr = cfg.get('optim_wrapper', {}).get('optimizer', {}).get('lr')
     if args.demo:
         to_demo_config(cfg, DemoSettings(), train=train)

@@ -123,39 +123,6 @@ def check_legacy_keys(cfg: Config, source: str) -> None:
                              '3.x name:\n  ' + '\n  '.join(lines))
 
 
-def _new_paths(node: Any, base: Any, prefix: str = '') -> List[str]:
-    """Dotted paths of the dict keys of ``node`` that ``base`` lacks (the first missing level of each)."""
-    if not isinstance(node, (dict, Config)) or not isinstance(base, (dict, Config)) or node.get('_delete_'):
-        return []
-    paths = []
-    for key, value in node.items():
-        if str(key).startswith('_'):
-            continue
-        path = f'{prefix}.{key}' if prefix else str(key)
-        if key not in base:
-            paths.append(path)
-        else:
-            paths.extend(_new_paths(value, base[key], path))
-    return paths
-
-
-def check_config_file_keys(path: str, cfg: Config) -> None:
-    """Raise :class:`ConfigKeyError` for keys a config file adds to its ``_base_`` configs that miss an existing
-    key by a typo (``drop_path_rat`` for ``drop_path_rate``), as :func:`check_cfg_options` does for options."""
-    bases = Config._get_base_files(path) if osp.isfile(path) else []
-    if not bases:
-        return
-    import tempfile
-    here = osp.dirname(osp.abspath(path))
-    resolved = [b if osp.isabs(b) or '::' in b else osp.normpath(osp.join(here, b)) for b in bases]
-    with tempfile.TemporaryDirectory() as tmp:
-        only_bases = osp.join(tmp, 'bases.py')
-        with open(only_bases, 'w') as f:
-            f.write(f'_base_ = {resolved!r}\n')
-        base = Config.fromfile(only_bases)
-    check_cfg_options(base, {p: None for p in _new_paths(cfg, base)}, source=path)
-
-
 def explain_build_error(error: TypeError, cutoff: float = 0.6) -> Optional[ConfigKeyError]:
     """A :class:`ConfigKeyError` for a registry build that failed on an unexpected keyword (a key the class does
     not take, from a config), naming the class and its closest arguments; None for other errors."""
@@ -403,7 +370,7 @@ def explain_image_error(error: BaseException) -> Optional[CorruptImageError]:
 
 
 __all__ = ['ConfigKeyError', 'AnnotationError', 'CorruptCheckpointError', 'CorruptImageError', 'check_cfg_options',
-           'check_legacy_keys', 'check_config_file_keys', 'explain_build_error', 'LEGACY_KEYS', 'ConfigFileError',
+           'check_legacy_keys', 'explain_build_error', 'LEGACY_KEYS', 'ConfigFileError',
            'find_config_syntax_error', 'load_config_file', 'check_evaluator_files',
            'check_coco_annotations', 'check_annotations', 'check_checkpoint_file', 'ChannelCheckHook',
            'explain_image_error', 'truncated_image_message', 'MAX_CHECKED_ANN_BYTES']
