@@ -55,8 +55,7 @@ def _children(node: Any) -> Optional[List[str]]:
     return None
 
 
-def check_cfg_options(cfg: Config, options: Optional[Dict[str, Any]], cutoff: float = 0.8,
-                      source: str = '--cfg-options') -> None:
+def check_cfg_options(cfg: Config, options: Optional[Dict[str, Any]], cutoff: float = 0.8) -> None:
     """Raise :class:`ConfigKeyError` for ``options`` keys that miss the config by a typo.
 
     A key is followed down the config as far as it exists. Where it leaves the config, the missing part is
@@ -89,7 +88,7 @@ def check_cfg_options(cfg: Config, options: Optional[Dict[str, Any]], cutoff: fl
                 problems.append(f'{key}: no key {part!r} there; did you mean {names}?')
             break
     if problems:
-        raise ConfigKeyError(f'{source}: unknown key(s), probably misspelled:\n  ' + '\n  '.join(problems) +
+        raise ConfigKeyError('--cfg-options: unknown key(s), probably misspelled:\n  ' + '\n  '.join(problems) +
                              '\n(A genuinely new key with a name this close to an existing one: put it in a config '
                              'that inherits from this one.)')
 
