@@ -134,7 +134,12 @@ def explain_build_error(error: TypeError, cutoff: float = 0.6) -> Optional[Confi
     cls = MODELS.get(cls_name)
     params = [] if cls is None else [n for n in inspect.signature(cls.__init__).parameters if n not in ('self', )]
     close = difflib.get_close_matches(key, params, n=3, cutoff=cutoff)
-    hint = f'did you mean {", ".join(close)}?' if close else f'it takes: {", ".join(params)}'
+    if close:
+        hint = f'did you mean {", ".join(close)}?'
+    elif params:
+        hint = f'it takes: {", ".join(params)}'
+    else:
+        hint = 'remove it or check the class\'s documentation for its arguments'
     return ConfigKeyError(f"the config gives {cls_name} the key {key!r}, which it does not take; {hint}")
 
 
