@@ -140,3 +140,76 @@ def test_unwrap_handles_nesting_and_prefix():
     ema = {'b': sd['a']}
     assert unwrap_state_dict({'state_dict_ema': ema}).keys() == {'b'}
     assert unwrap_state_dict({'model': sd, 'model_ema': ema}).keys() == {'a'}
+
+
+def test_a_deeper_variant_of_the_architecture_is_refused(tmp_path, official):
+    # the reswin_a fixture has depths (2, 2, 2, 2): for a (2, 2, 1, 2) model it is what Swin-S is for Swin-T
+    torch.save(official, tmp_path / 'deeper.pth')
+    with pytest.raises(CheckpointMismatchError, match=r'13 tensors of blocks or stages the model does '
+                                                      r'not have \(stages\.2\.blocks\.1\..*deeper variant'):
+        model = ReSwinTransformer(arch=dict(TINY, depths=(2, 2, 1, 2)),
+                                  init_cfg=dict(type='Pretrained', checkpoint=str(tmp_path / 'deeper.pth')))
+        model.init_weights()
+
+
+def _mmdet_swin_detector() -> dict:
+    """A whole detector's state dict whose backbone is mmdet's Swin with the TINY arch."""
+    mmdet_swin = importlib.import_module('mmdet.models.backbones.swin')
+    torch.manual_seed(0)
+    swin = mmdet_swin.SwinTransformer(embed_dims=16, depths=(2, 2, 2, 2), num_heads=(1, 2, 4, 8), window_size=7)
+    state = {f'backbone.{k}': v for k, v in swin.state_dict().items()}
+    return {**state, 'neck.lateral_convs.0.conv.weight': torch.ones(8, 16, 1, 1)}
+
+
+def test_load_from_a_detector_with_an_mmdet_swin_backbone_converts_it():
+    from types import SimpleNamespace
+
+    from mmengine.config import Config
+
+    from mmvisatt.engine import BackboneLayoutHook
+    detector = _mmdet_swin_detector()
+    model = torch.nn.Module()
+    model.backbone = ReSwinTransformer(arch=TINY)
+    checkpoint = {'state_dict': dict(detector)}
+    runner = SimpleNamespace(model=model, cfg=Config(dict(load_from='swin_detector.pth')))
+    BackboneLayoutHook().after_load_checkpoint(runner, checkpoint)
+    state = checkpoint['state_dict']
+    assert torch.equal(state['neck.lateral_convs.0.conv.weight'], detector['neck.lateral_convs.0.conv.weight'])
+    result = model.load_state_dict(state, strict=False)
+    assert list(result.missing_keys) == ['backbone.alpha'] and result.unexpected_keys == ['neck.lateral_convs.0.conv.'
+                                                                                          'weight']
+    assert torch.equal(model.backbone.state_dict()['stages.0.blocks.1.attn.qkv.weight'],
+                       detector['backbone.stages.0.blocks.1.attn.w_msa.qkv.weight'])
+    # a file of this backbone is left as it is
+    own = {'state_dict': {f'backbone.{k}': v for k, v in model.backbone.state_dict().items()}}
+    BackboneLayoutHook().after_load_checkpoint(runner, own)
+    assert own['state_dict'].keys() == {f'backbone.{k}' for k in model.backbone.state_dict()}
+
+
+def test_load_from_a_detector_with_an_unknown_backbone_is_refused():
+    from types import SimpleNamespace
+
+    from mmengine.config import Config
+
+    from mmvisatt.engine import BackboneLayoutHook
+    model = torch.nn.Module()
+    model.backbone = ReSwinTransformer(arch=TINY)
+    resnet = {'state_dict': {'backbone.conv1.weight': torch.zeros(8, 3, 7, 7), 'neck.conv.weight': torch.zeros(1)}}
+    runner = SimpleNamespace(model=model, cfg=Config(dict(load_from='resnet_detector.pth')))
+    with pytest.raises(CheckpointMismatchError, match=r'resnet_detector.pth: its backbone weights fit the model\'s '
+                                                      r'backbone in 0 of .*would stay at its initialisation'):
+        BackboneLayoutHook().after_load_checkpoint(runner, resnet)
+
+
+def test_load_from_a_backbone_only_checkpoint_points_to_init_cfg(official):
+    from types import SimpleNamespace
+
+    from mmengine.config import Config
+
+    from mmvisatt.engine import BackboneLayoutHook
+    model = torch.nn.Module()
+    model.backbone = ReSwinTransformer(arch=TINY)
+    runner = SimpleNamespace(model=model, cfg=Config(dict(load_from='swin_imagenet.pth')))
+    with pytest.raises(CheckpointMismatchError, match=r"swin_imagenet.pth has no 'backbone.' weights .*"
+                                                      r"model.backbone.init_cfg.checkpoint=PATH"):
+        BackboneLayoutHook().after_load_checkpoint(runner, {'state_dict': dict(official)})

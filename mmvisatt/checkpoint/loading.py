@@ -8,6 +8,7 @@ norms that only dense tasks use).
 """
 import fnmatch
 import os
+import re
 import os.path as osp
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterable, List, Mapping, Optional, Set, Tuple
@@ -177,6 +178,16 @@ def _matches(key: str, patterns: Iterable[str]) -> bool:
     return any(fnmatch.fnmatchcase(key, p) for p in patterns)
 
 
+_INDEX = re.compile(r'\.\d+(?=\.|$)')
+
+
+def deeper_model_keys(unexpected: Iterable[str], own: Iterable[str]) -> List[str]:
+    """The ``unexpected`` keys that name more of the module's own repeated parts (``stages.2.blocks.7.*`` for a
+    module whose ``stages.2.blocks.0.*`` exist): the checkpoint is of a deeper variant of the architecture."""
+    shapes = {_INDEX.sub('.#', k) for k in own}
+    return [k for k in unexpected if _INDEX.sub('.#', k) in shapes]
+
+
 def load_into(module: torch.nn.Module, state_dict: Mapping[str, torch.Tensor], *, source: str, layout: str,
               allow_missing: Iterable[str] = ()) -> LoadReport:
     """Load ``state_dict`` into ``module``, raising if keys the module needs are absent or misshapen.
@@ -201,14 +212,19 @@ def load_into(module: torch.nn.Module, state_dict: Mapping[str, torch.Tensor], *
     report.missing = list(result.missing_keys) if result is not None else [k for k in own if k not in candidates]
     report.loaded = sorted(k for k in candidates if k not in report.missing)
     required = [k for k in report.missing if not _matches(k, allow_missing)]
-    if wrong_shape or required:
+    deeper = deeper_model_keys(report.unexpected, own)
+    if wrong_shape or required or deeper:
         problems = []
+        if deeper:
+            problems.append(f'the checkpoint has {len(deeper)} tensors of blocks or stages the model does not have '
+                            f'({_abbreviate(deeper, 4)}), so it is of a deeper variant (e.g. a Swin-S file for a '
+                            f'Swin-T arch)')
         if required:
             problems.append(f'{len(required)} of {len(own)} tensors of {type(module).__name__} are missing from '
                             f'the checkpoint: {_abbreviate(required, 20)}')
         if wrong_shape:
             problems.append(f'{len(wrong_shape)} tensors have another shape: {_abbreviate(wrong_shape, 20)}')
-        if report.unexpected:
+        if report.unexpected and not deeper:
             problems.append(f'unused checkpoint keys: {_abbreviate(report.unexpected, 20)}')
         raise CheckpointMismatchError(
             f'{source} ({layout} layout) does not fit {type(module).__name__}: ' + '; '.join(problems) +
@@ -231,6 +247,35 @@ def load_pretrained(module: torch.nn.Module, checkpoint, *, family: str, prefix:
         raise CheckpointMismatchError(f"{source} has no '{prefix}' weights after conversion from the {layout} "
                                       f"layout (keys: {_abbreviate(sorted(converted))}).")
     return load_into(module, own, source=source, layout=layout, allow_missing=allow_missing)
+
+
+def convert_backbone_layout(state_dict: Mapping[str, torch.Tensor],
+                            backbone_keys: Iterable[str]) -> Optional[Tuple[StateDict, str, str]]:
+    """A whole model's ``state_dict`` (a detector or segmentor) whose ``backbone.`` entries are in a foreign layout,
+    with those entries converted to the layout of a backbone with ``backbone_keys``; the other entries (neck,
+    heads) as they are. Returns ``(state_dict, family, layout)``, or None when the backbone entries already fit or
+    there are none. Raises :class:`CheckpointMismatchError` when they fit neither as they are nor converted."""
+    own = set(backbone_keys)
+    inner = {k[len('backbone.'):]: v for k, v in state_dict.items() if k.startswith('backbone.')}
+    if not inner or not own or len(own & set(inner)) >= len(own) / 2:
+        return None
+    best = None
+    for name, spec in _CONVERTERS.items():
+        converted = _convert(spec, {'backbone.' + k: v for k, v in inner.items()})
+        if converted is None:
+            continue
+        keys = {k[len('backbone.'):] for k in converted[0] if k.startswith('backbone.')}
+        if best is None or len(own & keys) > best[0]:
+            best = (len(own & keys), converted, name)
+    if best is None or best[0] < len(own) / 2:
+        raise CheckpointMismatchError(
+            f'its backbone weights fit the model\'s backbone in {len(own & set(inner))} of {len(own)} tensors '
+            f'(first keys: {_abbreviate(sorted(inner), 4)}), and no converter recognises their layout: the backbone '
+            f'would stay at its initialisation. Use a checkpoint of this backbone, or initialise the backbone with '
+            f'model.backbone.init_cfg and drop load_from.')
+    _, (converted, layout), family = best
+    rest = {k: v for k, v in state_dict.items() if not k.startswith('backbone.')}
+    return {**rest, **{k: v for k, v in converted.items() if k.startswith('backbone.')}}, family, layout
 
 
 def convert_checkpoint_file(src: str, dst: str, family: Optional[str] = None) -> Tuple[str, str, int]:

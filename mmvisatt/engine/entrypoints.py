@@ -13,6 +13,7 @@ import sys
 import threading
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
+import cv2
 import torch
 from mmengine.config import Config, ConfigDict, DictAction
 from mmengine.device import get_device
@@ -20,13 +21,15 @@ from mmengine.logging import print_log
 from mmengine.runner import Runner
 
 from mmvisatt.checkpoint import CheckpointMismatchError
-from .checks import MissingCheckpointError, MissingDataError, check_data, check_pretrained, pretrained_inits
+from .checks import (MissingCheckpointError, MissingDataError, check_data, check_pretrained, leaf_datasets,
+                     pretrained_inits)
 from .demo import DemoSettings, describe_demo, to_demo_config
 from .guards import NonFiniteLossError
 from .input_checks import (AnnotationError, ConfigFileError, ConfigKeyError, CorruptCheckpointError, CorruptImageError,
-                           check_annotations, check_cfg_options, check_checkpoint_file, check_evaluator_files,
-                           check_legacy_keys, explain_build_error, explain_image_error, load_config_file)
+                           check_cfg_options, check_checkpoint_file, check_evaluator_files, check_legacy_keys,
+                           check_top_level_keys, explain_build_error, explain_image_error, load_config_file)
 from .mid_epoch import MidEpochResumeError
+from .preflight import preflight
 from .reliability import add_custom_hooks, enable_reliable_training, resolve_auto_resume
 
 LAUNCHERS = ('none', 'pytorch', 'slurm', 'mpi')
@@ -92,6 +95,7 @@ def load_config(args: argparse.Namespace, train: bool) -> Config:
     ``--launcher`` applied."""
     cfg = load_config_file(args.config)
     check_legacy_keys(cfg, args.config)
+    check_top_level_keys(cfg, args.config)
     config_lr = cfg.get('optim_wrapper', {}).get('optimizer', {}).get('lr')
     if args.demo:
         to_demo_config(cfg, DemoSettings(), train=train)
@@ -273,14 +277,29 @@ def check_model_files(cfg: Config) -> None:
                           'checkpoint, or use --resume (auto), which skips incomplete files.')
 
 
+def _image_dirs(cfg: Config) -> List[str]:
+    dirs = []
+    for loader in ('train_dataloader', 'val_dataloader', 'test_dataloader'):
+        for dataset in leaf_datasets((cfg.get(loader) or {}).get('dataset')):
+            prefix = dataset.get('data_prefix') or {}
+            folder = prefix.get('img', prefix.get('img_path', '')) if isinstance(prefix, dict) else prefix
+            dirs.append(osp.join(dataset.get('data_root') or '', folder or ''))
+    return sorted(set(d for d in dirs if d))
+
+
 @contextlib.contextmanager
-def _image_errors_explained():
-    """An image that cannot be decoded or is truncated ends the run with a :class:`CorruptImageError` naming the
-    file and the fix (not mmcv's bare assertion or a dataloader worker's traceback)."""
+def _run_errors_explained(cfg: Config):
+    """An image that cannot be decoded, is empty or is truncated ends the run with a :class:`CorruptImageError`
+    naming the file (or where to look) and the fix, not mmcv's bare assertion, OpenCV's error or a dataloader
+    worker's traceback; a config key that a part built when the run starts (loop, optimizer) does not take, with a
+    :class:`ConfigKeyError`."""
     try:
         yield
-    except (AssertionError, CorruptImageError) as error:
-        explained = explain_image_error(error)
+    except (AssertionError, CorruptImageError, TypeError, RuntimeError, cv2.error) as error:
+        if isinstance(error, TypeError):
+            explained = explain_build_error(error)
+        else:
+            explained = explain_image_error(error, _image_dirs(cfg))
         if explained is None:
             raise
         raise explained from error
@@ -288,15 +307,15 @@ def _image_errors_explained():
 
 def train_main(argv: Optional[Sequence[str]] = None) -> Runner:
     cfg = prepare_train(argv)
-    check_annotations(cfg, ('train_dataloader', 'val_dataloader'))
     scope = import_task_library(cfg)
+    preflight(cfg, scope, ('train_dataloader', 'val_dataloader'))
     setup_distributed(cfg)
     runner = build_runner(cfg, scope)
     if cfg.get('resume') and cfg.get('load_from'):
         check_checkpoint_fits(runner.model, cfg.load_from,
                               hint='--resume continues the model the checkpoint was saved from; to train another '
                               'head or class count from its weights, pass --cfg-options load_from=PATH instead.')
-    with _image_errors_explained():
+    with _run_errors_explained(cfg):
         runner.train()
     return runner
 
@@ -343,13 +362,14 @@ def check_checkpoint_fits(model: torch.nn.Module, path: str, demo: bool = False,
 def test_main(argv: Optional[Sequence[str]] = None) -> dict:
     cfg, args = prepare_test(argv)
     scope = import_task_library(cfg)
+    preflight(cfg, scope, ('test_dataloader',))
     setup_distributed(cfg)
     runner = build_runner(cfg, scope)
     check_checkpoint_fits(runner.model, args.checkpoint, args.demo)
     if args.out and scope == 'mmdet':
         from mmdet.evaluation import DumpDetResults
         runner.test_evaluator.metrics.append(DumpDetResults(out_file_path=args.out))
-    with _image_errors_explained():
+    with _run_errors_explained(cfg):
         return runner.test()
 
 

@@ -6,25 +6,28 @@ channels, minimum size, ``arch``, ``out_indices``):
 * :func:`check_cfg_options`: a ``--cfg-options`` key that does not exist but is close to one that does
   (``train_cfg.max_iter``) is a typo, which mmengine would silently add as a new, unused key.
 * :func:`check_coco_annotations`: a COCO annotation file with no images, no annotations, or annotations of a
-  category the config's classes do not cover (mmdet fails with a bare ``KeyError: 7`` deep in dataset loading).
+  category it does not define (mmdet fails with a bare ``KeyError: 7`` deep in dataset loading).
 * :func:`check_checkpoint_file`: a truncated ``load_from`` / ``--resume`` / ``Pretrained`` file.
 * :class:`ChannelCheckHook`: a neck whose ``in_channels`` differ from the backbone's outputs (otherwise a bare
   convolution shape error at the first forward).
 * :func:`explain_image_error`: an image file OpenCV cannot decode (mmcv asserts ``failed to load image``).
 """
 import difflib
+import importlib
+import inspect
 import json
 import os.path as osp
 import re
-from typing import Any, Dict, Iterable, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 from mmengine.config import Config
 from mmengine.hooks import Hook
+from mmengine.logging import print_log
 from mmengine.model import is_model_wrapper
 from mmengine.registry import HOOKS
 
-from mmvisatt.checkpoint import not_a_checkpoint
+from mmvisatt.checkpoint import CheckpointMismatchError, convert_backbone_layout, not_a_checkpoint
 from mmvisatt.datasets.transforms import CorruptImageError, image_truncation, truncated_image_message
 from .checks import leaf_datasets
 from .reliability import checkpoint_problem
@@ -122,17 +125,37 @@ def check_legacy_keys(cfg: Config, source: str) -> None:
                              '3.x name:\n  ' + '\n  '.join(lines))
 
 
+def _registered_class(name: str) -> Optional[type]:
+    """The class registered as ``name`` in any registry of mmengine or of the current default scope."""
+    from mmengine.registry import DefaultScope, Registry
+    modules = ['mmengine.registry']
+    scope = DefaultScope.get_current_instance()
+    if scope is not None and scope.scope_name != 'mmengine':
+        modules.insert(0, f'{scope.scope_name}.registry')
+    for module in modules:
+        try:
+            registries = vars(importlib.import_module(module)).values()
+        except ImportError:
+            continue
+        for registry in registries:
+            if isinstance(registry, Registry):
+                cls = registry.get(name)
+                if isinstance(cls, type):
+                    return cls
+    return None
+
+
 def explain_build_error(error: TypeError, cutoff: float = 0.6) -> Optional[ConfigKeyError]:
     """A :class:`ConfigKeyError` for a registry build that failed on an unexpected keyword (a key the class does
-    not take, from a config), naming the class and its closest arguments; None for other errors."""
-    import inspect
+    not take, from a config: a model part, a loop, a hook, an optimizer...), naming the class and its closest
+    arguments; None for other errors."""
     match = re.search(r"(\w+)\.__init__\(\) got an unexpected keyword argument '(\w+)'", str(error))
     if not match:
         return None
     cls_name, key = match.groups()
-    from mmengine.registry import MODELS
-    cls = MODELS.get(cls_name)
-    params = [] if cls is None else [n for n in inspect.signature(cls.__init__).parameters if n not in ('self', )]
+    cls = _registered_class(cls_name)
+    params = [] if cls is None else [n for n in inspect.signature(cls.__init__).parameters
+                                     if n not in ('self', 'args', 'kwargs')]
     close = difflib.get_close_matches(key, params, n=3, cutoff=cutoff)
     if close:
         hint = f'did you mean {", ".join(close)}?'
@@ -141,6 +164,28 @@ def explain_build_error(error: TypeError, cutoff: float = 0.6) -> Optional[Confi
     else:
         hint = 'remove it or check the class\'s documentation for its arguments'
     return ConfigKeyError(f"the config gives {cls_name} the key {key!r}, which it does not take; {hint}")
+
+
+# Top-level keys that mmengine reads besides the Runner's arguments, or that configs use as variables
+_OTHER_RUNNER_KEYS = ('model_wrapper_cfg', 'compile', 'strategy', 'runner_type', 'custom_imports')
+
+
+def check_top_level_keys(cfg: Config, source: str, cutoff: float = 0.8) -> None:
+    """Raise :class:`ConfigKeyError` for a top-level key that is a typo of one the Runner reads
+    (``optim_wraper``, ``val_evaluater``): the Runner ignores unknown top-level keys, so the run would silently
+    use the base's value."""
+    from mmengine.runner import Runner
+    known = [n for n in inspect.signature(Runner.__init__).parameters if n != 'self'] + list(_OTHER_RUNNER_KEYS)
+    problems = []
+    for key in cfg.keys():
+        if key in known:
+            continue
+        close = difflib.get_close_matches(key, known, n=1, cutoff=cutoff)
+        if close:
+            problems.append(f'{source} sets {key!r}, which the Runner does not read (the run would ignore it); '
+                            f'did you mean {close[0]!r}?')
+    if problems:
+        raise ConfigKeyError('\n'.join(problems))
 
 
 class ConfigFileError(ValueError):
@@ -213,15 +258,24 @@ def check_evaluator_files(cfg: Config) -> None:
         raise AnnotationError('\n'.join(problems))
 
 
-def check_coco_annotations(path: str, classes: Optional[Sequence[str]] = None, train: bool = True) -> None:
-    """Raise :class:`AnnotationError` if the COCO file at ``path`` has no images, (for training) no annotations,
-    annotations whose ``category_id`` is not among its ``categories``, or categories outside ``classes``
-    (mmdet maps every annotation to one of the config's classes)."""
+def read_coco_file(path: str) -> Any:
+    """The parsed JSON of ``path``; invalid JSON is an :class:`AnnotationError`."""
     with open(path) as f:
         try:
-            data = json.load(f)
+            return json.load(f)
         except json.JSONDecodeError as error:
             raise AnnotationError(f'{path} is not valid JSON ({error}); re-export or re-download it.') from None
+
+
+def check_coco_annotations(path: str, train: bool = True, data: Any = None) -> None:
+    """Raise :class:`AnnotationError` if the COCO file at ``path`` (or its parsed ``data``) is not valid JSON, has
+    no images, (for training) no annotations, or annotations whose ``category_id`` is not among its
+    ``categories``. How the file fits the config's classes and model is
+    :func:`mmvisatt.engine.preflight.preflight`'s part."""
+    data = read_coco_file(path) if data is None else data
+    if not isinstance(data, dict):
+        raise AnnotationError(f'{path} is not a COCO instances file: it holds a {type(data).__name__}, not an '
+                              f'object with "images", "annotations" and "categories".')
     missing = [k for k in ('images', 'annotations', 'categories') if k not in data]
     if missing:
         raise AnnotationError(f'{path} is not a COCO instances file: it has no {missing} (it needs "images", '
@@ -241,26 +295,6 @@ def check_coco_annotations(path: str, classes: Optional[Sequence[str]] = None, t
         listed = ', '.join(f'{c} ({n} annotations)' for c, n in sorted(counts.items(), key=lambda x: str(x[0])))
         raise AnnotationError(f'{path}: annotations use category_id {listed}, which "categories" does not define '
                               f'(defined: {sorted(names.items())}). Add the categories or drop those annotations.')
-    if classes is not None:
-        used = {names[a['category_id']] for a in data['annotations']}
-        extra = sorted(str(n) for n in used - set(classes))
-        if extra:
-            raise AnnotationError(
-                f'{path}: annotations of categories {extra} are not among the config\'s classes {tuple(classes)}. '
-                f'Set train_dataloader.dataset.metainfo.classes (and the heads\' num_classes) to cover them, or '
-                f'remove those annotations.')
-
-
-def check_annotations(cfg: Config, loaders: Iterable[str] = ('train_dataloader',)) -> None:
-    """:func:`check_coco_annotations` for each ``CocoDataset`` of ``loaders`` whose file is small enough."""
-    for name in loaders:
-        for dataset in leaf_datasets((cfg.get(name) or {}).get('dataset')):
-            path = _ann_file(dataset)
-            if dataset.get('type') not in ('CocoDataset', 'mmdet.CocoDataset') or not path or not osp.isfile(path):
-                continue
-            if osp.getsize(path) <= MAX_CHECKED_ANN_BYTES:
-                classes = (dataset.get('metainfo') or {}).get('classes')
-                check_coco_annotations(path, classes, train=name == 'train_dataloader')
 
 
 def check_checkpoint_file(path: Optional[str], what: str, fix: str, zip_only: bool = False) -> None:
@@ -349,12 +383,51 @@ class ChannelCheckHook(Hook):
         self._install(runner)
 
 
+@HOOKS.register_module()
+class BackboneLayoutHook(Hook):
+    """Convert the backbone of a ``load_from`` checkpoint whose backbone is in another layout a converter knows (a
+    whole mmdet Swin detector for ReSwin), and refuse one whose backbone fits neither way.
+
+    mmengine loads ``load_from`` with ``strict=False``: without this the backbone of such a file would silently stay
+    at its initialisation while the neck and heads load. ``tools/train.py`` adds it.
+    """
+
+    priority = 'VERY_HIGH'
+
+    def after_load_checkpoint(self, runner, checkpoint: dict) -> None:
+        model = runner.model.module if is_model_wrapper(runner.model) else runner.model
+        backbone, state = getattr(model, 'backbone', None), checkpoint.get('state_dict')
+        if not isinstance(backbone, torch.nn.Module) or not isinstance(state, dict):
+            return
+        source = runner.cfg.get('load_from') or 'the checkpoint'
+        if not any(k.startswith(('backbone.', 'module.backbone.')) for k in state):
+            raise CheckpointMismatchError(
+                f"{source} has no 'backbone.' weights (first keys: {', '.join(list(state)[:4])}): the backbone would "
+                f"stay at its initialisation. An ImageNet checkpoint of the backbone goes in its init_cfg "
+                f"(--cfg-options model.backbone.init_cfg.checkpoint=PATH), not in load_from.")
+        try:
+            converted = convert_backbone_layout(state, backbone.state_dict().keys())
+        except CheckpointMismatchError as error:
+            raise CheckpointMismatchError(f'{source}: {error}') from None
+        if converted is not None:
+            checkpoint['state_dict'], family, layout = converted
+            print_log(f'{source}: backbone weights converted from the {layout} layout ({family} converter) for '
+                      f'{type(backbone).__name__}.', logger='current')
+
+
 _FAILED_IMAGE = re.compile(r'failed to load image: (\S+)')
 
 
-def explain_image_error(error: BaseException) -> Optional[CorruptImageError]:
-    """A :class:`CorruptImageError` for mmcv's ``failed to load image: PATH`` assertion or for a
-    :class:`CorruptImageError` (``CheckImageIntegrity``), also when re-raised from a dataloader worker, else None."""
+def explain_image_error(error: BaseException, image_dirs: Sequence[str] = ()) -> Optional[CorruptImageError]:
+    """A :class:`CorruptImageError` for mmcv's ``failed to load image: PATH`` assertion, for OpenCV's refusal of an
+    empty file (which names no file: ``image_dirs`` are the folders to search) or for a :class:`CorruptImageError`
+    (``CheckImageIntegrity``), also when re-raised from a dataloader worker, else None."""
+    if '!buf.empty()' in str(error):
+        where = ' '.join(image_dirs) or 'the image folders'
+        return CorruptImageError(
+            f'An image file is empty (0 bytes): OpenCV refuses it without naming it. Find such files with '
+            f'`find {where} -size 0` and replace them (re-download or re-copy), or remove them from the annotation '
+            f'file.')
     if isinstance(error, CorruptImageError):
         # a worker's error arrives as 'Caught ... Original Traceback ...': keep the message, not the traceback
         _, _, message = str(error).rpartition(f'{CorruptImageError.__name__}: ')
@@ -374,7 +447,8 @@ def explain_image_error(error: BaseException) -> Optional[CorruptImageError]:
 
 
 __all__ = ['ConfigKeyError', 'AnnotationError', 'CorruptCheckpointError', 'CorruptImageError', 'check_cfg_options',
-           'check_legacy_keys', 'explain_build_error', 'LEGACY_KEYS', 'ConfigFileError',
+           'check_legacy_keys', 'explain_build_error', 'check_top_level_keys', 'LEGACY_KEYS', 'ConfigFileError',
            'find_config_syntax_error', 'load_config_file', 'check_evaluator_files',
-           'check_coco_annotations', 'check_annotations', 'check_checkpoint_file', 'ChannelCheckHook',
+           'check_coco_annotations', 'read_coco_file', 'check_checkpoint_file', 'ChannelCheckHook',
+           'BackboneLayoutHook',
            'explain_image_error', 'truncated_image_message', 'MAX_CHECKED_ANN_BYTES']

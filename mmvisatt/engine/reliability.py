@@ -292,12 +292,12 @@ def resolve_auto_resume(cfg: Config) -> Config:
 
 def enable_reliable_training(cfg: Config) -> Config:
     """What ``tools/train.py`` adds to every training config: atomic checkpoints (``CheckpointHook`` ->
-    :class:`AtomicCheckpointHook`), :class:`ExactResumeHook` and :class:`~.input_checks.ChannelCheckHook`, unless
-    the config already has them."""
+    :class:`AtomicCheckpointHook`), :class:`ExactResumeHook`, :class:`~.input_checks.ChannelCheckHook` and
+    :class:`~.input_checks.BackboneLayoutHook`, unless the config already has them."""
     checkpoint = (cfg.get('default_hooks') or {}).get('checkpoint')
     if isinstance(checkpoint, dict) and checkpoint.get('type') in ('CheckpointHook', 'mmengine.CheckpointHook'):
         checkpoint['type'] = 'AtomicCheckpointHook'
-    return add_custom_hooks(cfg, 'ExactResumeHook', 'ChannelCheckHook')
+    return add_custom_hooks(cfg, 'ExactResumeHook', 'ChannelCheckHook', 'BackboneLayoutHook')
 
 
 def add_custom_hooks(cfg: Config, *types: str) -> Config:

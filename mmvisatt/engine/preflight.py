@@ -1,0 +1,509 @@
+"""A check of the whole run before the Runner starts: what the config says about classes, and what the annotation
+files and a sample of the images and segmentation maps hold.
+
+mmdet and mmseg trust all of it. A disagreement shows up late and far from its cause: heads left at 80 classes
+train a whole epoch and then fail in ``CocoMetric.results2json``; a boxes-only file with a mask head raises
+``KeyError: 'mask'`` at the first iteration; colour segmentation maps give a ``cross_entropy`` error; crowd-only
+or zero-area boxes train on background without a word. :func:`preflight` finds these in the files themselves and
+raises one :class:`AnnotationError` that lists every problem, each with the file, what is wrong and the fix.
+What can be legitimate (training on a subset of a file's categories, some boxes dropped) is logged as a warning.
+
+Annotation files above :data:`MAX_CHECKED_ANN_BYTES` are skipped (the big public sets are consistent, and parsing
+them twice costs start-up time); images and maps are checked on a sample of :data:`SAMPLE` files.
+"""
+import functools
+import importlib
+import inspect
+import os
+import os.path as osp
+from collections import Counter
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+
+import numpy as np
+from mmengine.config import Config
+from mmengine.logging import print_log
+
+from .checks import leaf_datasets
+from .input_checks import MAX_CHECKED_ANN_BYTES, AnnotationError, _ann_file, check_coco_annotations, read_coco_file
+
+SAMPLE = 16
+# Share of a file's annotations mmdet drops (zero-area, outside the image) above which a warning is logged.
+DROPPED_WARN_FRACTION = 0.01
+LOADERS = ('train_dataloader', 'val_dataloader', 'test_dataloader')
+_EVALUATORS = {'val_dataloader': 'val_evaluator', 'test_dataloader': 'test_evaluator'}
+# EXIF orientations that rotate by 90 degrees: OpenCV applies them on loading, so the file's header has the
+# annotation's width and height swapped.
+_TRANSPOSING_ORIENTATIONS = {5, 6, 7, 8}
+
+
+class _Findings:
+
+    def __init__(self) -> None:
+        self.errors: List[str] = []
+        self.warnings: List[str] = []
+
+
+def _datasets(cfg: Config, loaders: Iterable[str]) -> List[Tuple[str, str, dict]]:
+    """``(loader, config path of the dataset, dataset config)`` of every leaf dataset of ``loaders``."""
+    found = []
+    for loader in loaders:
+        root = (cfg.get(loader) or {}).get('dataset')
+        leaves = list(leaf_datasets(root))
+        for i, dataset in enumerate(leaves):
+            # a wrapped dataset's path is only unambiguous for a single leaf; name the loader otherwise
+            path = f'{loader}.dataset' if root is dataset else f'{loader}.dataset.dataset'
+            found.append((loader, path if len(leaves) == 1 else f'{loader} (dataset {i})', dataset))
+    return found
+
+
+def _dataset_class(dataset: dict, scope: str) -> Optional[type]:
+    try:
+        registry = importlib.import_module(f'{scope}.registry').DATASETS
+        return registry.get(dataset.get('type'))
+    except (ImportError, KeyError, AttributeError):
+        return None
+
+
+def _setting(dataset: dict, cls: Optional[type], name: str, default: Any = None) -> Any:
+    """A dataset argument: the config's value, else the class's default."""
+    if name in dataset:
+        return dataset[name]
+    if cls is not None:
+        parameter = inspect.signature(cls.__init__).parameters.get(name)
+        if parameter is not None and parameter.default is not inspect.Parameter.empty:
+            return parameter.default
+    return default
+
+
+def _classes(dataset: dict, cls: Optional[type]) -> Tuple[Optional[Tuple[str, ...]], bool]:
+    """The dataset's class names and whether the config sets them (False: the dataset type's default)."""
+    classes = (dataset.get('metainfo') or {}).get('classes')
+    if classes is not None:
+        return tuple(classes), True
+    default = getattr(cls, 'METAINFO', {}).get('classes') if cls is not None else None
+    return (tuple(default) if default is not None else None), False
+
+
+def head_num_classes(node: Any, path: str = 'model') -> List[Tuple[str, int]]:
+    """``(config path, num_classes)`` of every classifying head of a model config (the class-agnostic RPN and the
+    backbone's own classifier excluded)."""
+    found = []
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key in ('rpn_head', 'backbone', 'train_cfg', 'test_cfg', 'data_preprocessor', 'init_cfg'):
+                continue
+            if key == 'num_classes' and isinstance(value, int) and 'head' in path:
+                found.append((f'{path}.num_classes', value))
+            else:
+                found += head_num_classes(value, f'{path}.{key}')
+    elif isinstance(node, (list, tuple)):
+        for i, value in enumerate(node):
+            found += head_num_classes(value, f'{path}.{i}')
+    return found
+
+
+def _classes_option(path: str, classes: Sequence[str]) -> str:
+    return f'"{path}.metainfo.classes=({",".join(classes)},)"'
+
+
+def _check_classes(cfg: Config, datasets: List[Tuple[str, str, dict]], scope: str, found: _Findings) -> None:
+    """Heads against the train classes, and val / test classes against train's."""
+    per_loader: Dict[str, Tuple[str, Tuple[str, ...], bool]] = {}
+    for loader, where, dataset in datasets:
+        classes, explicit = _classes(dataset, _dataset_class(dataset, scope))
+        if classes is not None and loader not in per_loader:
+            per_loader[loader] = (where, classes, explicit)
+    reference = per_loader.get('train_dataloader') or next(iter(per_loader.values()), None)
+    if reference is None:
+        return
+    ref_where, ref_classes, ref_explicit = reference
+    origin = 'metainfo.classes' if ref_explicit else 'classes (its type\'s default; metainfo is not set)'
+    heads = [(path, n) for path, n in head_num_classes(cfg.get('model')) if n != len(ref_classes)]
+    # mmseg's binary heads predict one channel for two classes
+    heads = [(path, n) for path, n in heads if not (n == 1 and len(ref_classes) == 2)]
+    if heads:
+        listed = ', '.join(f'{path}={n}' for path, n in heads)
+        fix = ' '.join(f'{path}={len(ref_classes)}' for path, _ in heads)
+        found.errors.append(
+            f'{listed}, but {ref_where} has {len(ref_classes)} {origin}: {_abbreviate(ref_classes)}. The heads '
+            f'would predict classes that do not exist and evaluation fails after the first epoch. Pass '
+            f'--cfg-options {fix}')
+    for loader, (where, classes, explicit) in per_loader.items():
+        if classes == ref_classes:
+            continue
+        state = 'sets' if explicit else 'does not set metainfo, so it uses its type\'s default'
+        found.errors.append(
+            f'{where} {state} {len(classes)} classes ({_abbreviate(classes)}), but {ref_where} has '
+            f'{len(ref_classes)} ({_abbreviate(ref_classes)}): the model would be evaluated on other classes than '
+            f'it learns. Set the same metainfo=dict(classes=...) on every dataset (a top-level metainfo variable '
+            f'in your config), or pass --cfg-options {_classes_option(where, ref_classes)}')
+
+
+def _abbreviate(items: Sequence[Any], limit: int = 8) -> str:
+    shown = ', '.join(str(i) for i in list(items)[:limit])
+    return shown + (f', ... (+{len(items) - limit})' if len(items) > limit else '')
+
+
+def _pipeline_loads_masks(dataset: dict) -> bool:
+    return any(isinstance(t, dict) and 'LoadAnnotations' in str(t.get('type')) and t.get('with_mask')
+               for t in dataset.get('pipeline') or [])
+
+
+@functools.lru_cache(maxsize=4)
+def _read_cached(path: str, mtime: float, size: int) -> Any:
+    return read_coco_file(path)
+
+
+def _read_json(path: str) -> Any:
+    """A COCO file's content, parsed once per pre-flight (the val file is also the evaluator's); None when it is
+    missing or too large to check."""
+    if not osp.isfile(path) or osp.getsize(path) > MAX_CHECKED_ANN_BYTES:
+        return None
+    return _read_cached(path, osp.getmtime(path), osp.getsize(path))
+
+
+def _bad_polygons(segmentation: Any) -> bool:
+    return isinstance(segmentation, list) and any(len(p) < 6 or len(p) % 2 for p in segmentation)
+
+
+def _coco_content(path: str, data: dict, where: str, train: bool, masks: bool, classes: Tuple[str, ...],
+                  explicit: bool, found: _Findings) -> List[int]:
+    """Checks of one COCO file's content; returns the category ids the classes map to (mmdet's ``cat_ids``)."""
+    categories = data['categories']
+    cat_ids = [c['id'] for c in categories if c.get('name') in classes]
+    names = {c['id']: c.get('name') for c in categories}
+    if not cat_ids and train:
+        found.errors.append(
+            f'{path}: none of its categories ({_abbreviate([c.get("name") for c in categories])}) is among the '
+            f'{len(classes)} classes of {where} ({_abbreviate(classes)}), so every annotation would be dropped '
+            f'(mmdet then fails with "need at least one array to concatenate"). Set metainfo=dict(classes=...) to '
+            f'the file\'s category names on every dataset, and the heads\' num_classes to their number.')
+    if not cat_ids:
+        return cat_ids
+    if [names[i] for i in cat_ids] != [c for c in classes if c in set(names.values())]:
+        found.warnings.append(
+            f'{path}: its categories come in another order than the classes of {where}. mmdet numbers labels in '
+            f'the file\'s order, so predictions would carry the wrong class names; list the classes as the file '
+            f'does: {_abbreviate([names[i] for i in cat_ids], 100)}')
+    absent = [c for c in classes if c not in set(names.values())]
+    if train and absent:
+        found.warnings.append(f'{path} has no category for classes {_abbreviate(absent)} of {where}: the model '
+                              f'will never see them.')
+    if not train:
+        return cat_ids
+    counts = Counter(names.get(a.get('category_id')) for a in data['annotations'])
+    outside = {name: n for name, n in counts.items() if name not in classes}
+    if outside and not explicit:
+        found.errors.append(
+            f'{path} has categories {_abbreviate(sorted(map(str, outside)))} that are not among the default classes '
+            f'of {where} (its metainfo is not set, so it uses its type\'s {len(classes)}). Set '
+            f'metainfo=dict(classes=...) to the file\'s category names on every dataset, and the heads\' '
+            f'num_classes to their number.')
+    elif outside:
+        found.warnings.append(
+            f'{path}: {sum(outside.values())} annotations of categories {_abbreviate(sorted(map(str, outside)))} '
+            f'are not among the classes of {where} and are ignored (fine when you train on a subset).')
+    _check_instances(path, data, where, set(cat_ids), masks, found)
+    return cat_ids
+
+
+def _check_instances(path: str, data: dict, where: str, cat_ids: set, masks: bool, found: _Findings) -> None:
+    """What mmdet's ``CocoDataset.parse_data_info`` would keep of the training annotations."""
+    images = {i.get('id'): i for i in data['images']}
+    usable = crowd = dropped = without_mask = bad_polygon = 0
+    examples: Dict[str, Any] = {}
+    for ann in data['annotations']:
+        if ann.get('category_id') not in cat_ids or ann.get('ignore', False):
+            continue
+        image = images.get(ann.get('image_id'))
+        x, y, w, h = ann['bbox']
+        inside = image is not None and (min(x + w, image['width']) - max(x, 0)) > 0 and \
+            (min(y + h, image['height']) - max(y, 0)) > 0
+        if not inside or ann['area'] <= 0 or w < 1 or h < 1:
+            dropped += 1
+            examples.setdefault('dropped', ann.get('id'))
+            continue
+        if ann.get('iscrowd', False):
+            crowd += 1
+            continue
+        usable += 1
+        if masks and not ann.get('segmentation'):
+            without_mask += 1
+            examples.setdefault('mask', ann.get('id'))
+        elif masks and _bad_polygons(ann.get('segmentation')):
+            bad_polygon += 1
+            examples.setdefault('polygon', ann.get('id'))
+    total = usable + crowd + dropped
+    if without_mask:
+        found.errors.append(
+            f'{path}: {without_mask} of {total} annotations have no "segmentation" (e.g. id {examples["mask"]}), but '
+            f'the pipeline of {where} loads masks (the model has a mask head): training would fail with '
+            f'KeyError: \'mask\'. Add polygons or RLE masks to the file, or use a box-only config (Faster R-CNN, '
+            f'RetinaNet).')
+    if bad_polygon:
+        found.warnings.append(
+            f'{path}: {bad_polygon} annotations have polygons of fewer than 3 points (e.g. id '
+            f'{examples["polygon"]}); mmdet ignores those instances in training.')
+    if total and not usable:
+        found.errors.append(
+            f'{path}: none of its {total} annotations can be trained on ({crowd} are crowd regions, {dropped} have '
+            f'zero area or lie outside their image): the model would learn background only. Set iscrowd=0 for '
+            f'objects and check the boxes (COCO bbox is [x, y, width, height] in pixels).')
+    elif dropped > DROPPED_WARN_FRACTION * total:
+        found.warnings.append(
+            f'{path}: {dropped} of {total} annotations have zero area or lie outside their image (e.g. id '
+            f'{examples["dropped"]}) and are dropped; COCO bbox is [x, y, width, height] in pixels.')
+
+
+def _check_eval_polygons(path: str, data: dict, where: str, found: _Findings) -> None:
+    bad = [a.get('id') for a in data['annotations'] if _bad_polygons(a.get('segmentation'))]
+    if bad:
+        found.errors.append(
+            f'{path}: {len(bad)} annotations have polygons of fewer than 3 points (ids {_abbreviate(bad)}); '
+            f'pycocotools fails on them when {where} is evaluated. Remove those polygons (or annotations).')
+
+
+def _check_evaluator(cfg: Config, loader: str, classes: Tuple[str, ...], found: _Findings) -> None:
+    """CocoMetric maps labels to the categories of its own ``ann_file`` by name: a class it lacks makes
+    ``results2json`` fail with an IndexError after the first epoch."""
+    metrics = cfg.get(_EVALUATORS[loader])
+    for metric in metrics if isinstance(metrics, (list, tuple)) else [metrics]:
+        if not isinstance(metric, dict) or 'CocoMetric' not in str(metric.get('type')) or not metric.get('ann_file'):
+            continue
+        try:
+            data = _read_json(metric['ann_file'])
+        except (OSError, AnnotationError):
+            continue
+        if not isinstance(data, dict) or not isinstance(data.get('categories'), list):
+            continue
+        names = {c.get('name') for c in data['categories']}
+        missing = [c for c in classes if c not in names]
+        if missing:
+            found.errors.append(
+                f'{_EVALUATORS[loader]}.ann_file {metric["ann_file"]} has no category for classes '
+                f'{_abbreviate(missing)} of {loader}: CocoMetric would fail with an IndexError when it converts '
+                f'the predictions. Point it at the annotation file of the same set, or set the classes to its '
+                f'category names.')
+
+
+def _image_size(path: str) -> Tuple[int, int]:
+    """(width, height) as OpenCV loads the file (EXIF rotation applied), from the header only."""
+    from PIL import Image
+    with Image.open(path) as image:
+        width, height = image.size
+        orientation = image.getexif().get(0x0112)
+    return (height, width) if orientation in _TRANSPOSING_ORIENTATIONS else (width, height)
+
+
+def _sample(items: Sequence[Any], n: int = SAMPLE) -> List[Any]:
+    if len(items) <= n:
+        return list(items)
+    return [items[round(i * (len(items) - 1) / (n - 1))] for i in range(n)]
+
+
+def _file_problems(files: Sequence[str]) -> Tuple[List[str], List[str]]:
+    """The missing and the empty files among ``files`` (a ``stat`` each: a second for COCO train on a local disk)."""
+    missing, empty = [], []
+    for file in files:
+        try:
+            if os.stat(file).st_size == 0:
+                empty.append(file)
+        except FileNotFoundError:
+            missing.append(file)
+    return missing, empty
+
+
+def _empty_images_error(empty: List[str], where: str) -> str:
+    return (f'{len(empty)} image files of {where} are empty (0 bytes): {_abbreviate(empty, 4)}. Replace them '
+            f'(re-download or re-copy) or remove them from the annotations; OpenCV would fail on them without naming '
+            f'the file.')
+
+
+def _check_coco_images(path: str, data: dict, dataset: dict, where: str, found: _Findings) -> None:
+    root = dataset.get('data_root') or ''
+    prefix = (dataset.get('data_prefix') or {}).get('img', '')
+    folder = osp.join(root, prefix)
+    files = [osp.join(folder, image['file_name']) for image in data['images']]
+    missing, empty = _file_problems(files)
+    if missing:
+        found.errors.append(f'{len(missing)} of the {len(files)} images listed in {path} do not exist '
+                            f'({_abbreviate(missing, 4)}): {where}.data_prefix.img={prefix!r} under '
+                            f'data_root={root!r} may point at the wrong folder.')
+    if empty:
+        found.errors.append(_empty_images_error(empty, where))
+    if missing or empty:
+        return
+    for image in _sample(data['images']):
+        file = osp.join(folder, image['file_name'])
+        try:
+            size = _image_size(file)
+        except OSError:
+            continue  # not decodable: the loader's own error names the file
+        if size != (image['width'], image['height']):
+            found.errors.append(
+                f'{path} says {image["file_name"]} is {image["width"]}x{image["height"]}, but {file} is '
+                f'{size[0]}x{size[1]}: boxes and masks would not fit the image (this ends in NaN losses). '
+                f'Regenerate the file\'s width/height (and boxes) from the images you train on.')
+            return
+
+
+def _check_size_filter(path: str, data: dict, dataset: dict, cat_ids: List[int], where: str,
+                       found: _Findings) -> None:
+    """The other way to an empty training set: ``filter_cfg`` removing every image."""
+    filter_cfg = dataset.get('filter_cfg') or {}
+    min_size = filter_cfg.get('min_size', 0)
+    annotated = {a.get('image_id') for a in data['annotations'] if a.get('category_id') in set(cat_ids)}
+    kept = [i for i in data['images']
+            if min(i['width'], i['height']) >= min_size
+            and (not filter_cfg.get('filter_empty_gt') or i.get('id') in annotated)]
+    if data['images'] and not kept:
+        smallest = max(min(i['width'], i['height']) for i in data['images'])
+        found.errors.append(
+            f'{path}: {where}.filter_cfg={dict(filter_cfg)} removes every image (the largest has a short side of '
+            f'{smallest} pixels, min_size is {min_size}); mmdet would fail with "need at least one array to '
+            f'concatenate". Pass --cfg-options {where}.filter_cfg.min_size={smallest}')
+
+
+def _check_coco_dataset(cfg: Config, loader: str, where: str, dataset: dict, scope: str, found: _Findings) -> None:
+    path = _ann_file(dataset)
+    if not path or not osp.isfile(path):
+        return
+    train = loader == 'train_dataloader'
+    if osp.getsize(path) > MAX_CHECKED_ANN_BYTES:
+        print_log(f'pre-flight: {path} is over {MAX_CHECKED_ANN_BYTES >> 20} MiB; its content is not checked.',
+                  logger='current')
+        return
+    data = _read_json(path)
+    check_coco_annotations(path, train=train, data=data)
+    required = {'images': ('id', 'file_name', 'width', 'height'),
+                'annotations': ('id', 'image_id', 'category_id', 'bbox', 'area')}
+    for part, keys in required.items():
+        lacking = Counter(k for item in data[part] for k in keys if k not in item)
+        if lacking:
+            found.errors.append(f'{path}: {_abbreviate([f"{n} {part} lack {k!r}" for k, n in lacking.items()])}; '
+                                f'mmdet reads these keys of every entry. Re-export the file in COCO format.')
+            return
+    bad_boxes = [a.get('id') for a in data['annotations']
+                 if not (isinstance(a['bbox'], (list, tuple)) and len(a['bbox']) == 4)]
+    if bad_boxes:
+        found.errors.append(f'{path}: {len(bad_boxes)} annotations have a bbox that is not [x, y, width, height] '
+                            f'(ids {_abbreviate(bad_boxes)}). Re-export the file in COCO format.')
+        return
+    classes, explicit = _classes(dataset, _dataset_class(dataset, scope))
+    if classes is None:
+        return
+    cat_ids = _coco_content(path, data, where, train, _pipeline_loads_masks(dataset), classes, explicit, found)
+    if not train and _pipeline_loads_masks(dataset):
+        _check_eval_polygons(path, data, where, found)
+    if train and cat_ids:
+        _check_size_filter(path, data, dataset, cat_ids, where, found)
+    if loader in _EVALUATORS:
+        _check_evaluator(cfg, loader, classes, found)
+    _check_coco_images(path, data, dataset, where, found)
+
+
+def _list_files(folder: str) -> List[str]:
+    """Files under ``folder`` relative to it, sorted (mmseg lists them recursively)."""
+    files = []
+    for directory, _, names in os.walk(folder):
+        files += [osp.relpath(osp.join(directory, n), folder) for n in names]
+    return sorted(files)
+
+
+def _check_seg_dataset(cfg: Config, where: str, dataset: dict, scope: str, found: _Findings) -> None:
+    """An mmseg folder dataset: images with the expected suffix, and a sample of maps (one channel, the image's
+    size, labels within ``num_classes``)."""
+    cls = _dataset_class(dataset, scope)
+    if dataset.get('ann_file'):
+        return  # split files name the images; the folder listing below does not apply
+    root = dataset.get('data_root') or ''
+    prefix = dataset.get('data_prefix') or {}
+    img_dir, seg_dir = osp.join(root, prefix.get('img_path', '')), osp.join(root, prefix.get('seg_map_path', ''))
+    if not osp.isdir(img_dir):
+        return
+    img_suffix = _setting(dataset, cls, 'img_suffix', '.jpg')
+    seg_suffix = _setting(dataset, cls, 'seg_map_suffix', '.png')
+    files = _list_files(img_dir)
+    images = [f for f in files if f.endswith(img_suffix)]
+    if not images:
+        suffixes = Counter(osp.splitext(f)[1] for f in files if osp.splitext(f)[1])
+        if suffixes:
+            suffix, n = suffixes.most_common(1)[0]
+            found.errors.append(
+                f'{img_dir} has no {img_suffix} images but {n} {suffix} files: mmseg would find no data ("need at '
+                f'least one array to concatenate"). Pass --cfg-options {where}.img_suffix={suffix}')
+        return
+    _, empty = _file_problems([osp.join(img_dir, f) for f in images])
+    if empty:
+        found.errors.append(_empty_images_error(empty, where))
+    classes, _ = _classes(dataset, cls)
+    num_classes = next((n for _, n in head_num_classes(cfg.get('model'))), None) or (len(classes) if classes else None)
+    reduce_zero = _setting(dataset, cls, 'reduce_zero_label', False)
+    ignore_index = _setting(dataset, cls, 'ignore_index', 255)
+    for image in _sample(images):
+        seg_map = osp.join(seg_dir, image[:-len(img_suffix)] + seg_suffix)
+        if not osp.isfile(seg_map):
+            found.errors.append(f'{seg_map}, the map of {osp.join(img_dir, image)}, does not exist: check '
+                                f'{where}.data_prefix.seg_map_path and seg_map_suffix ({seg_suffix!r}).')
+            return
+        problem = _seg_map_problem(seg_map, osp.join(img_dir, image), where, num_classes, reduce_zero, ignore_index)
+        if problem:
+            found.errors.append(problem)
+            return
+
+
+def _seg_map_problem(seg_map: str, image: str, where: str, num_classes: Optional[int], reduce_zero: bool,
+                     ignore_index: int) -> Optional[str]:
+    from PIL import Image
+    try:
+        with Image.open(seg_map) as label_map:
+            mode, size = label_map.mode, label_map.size
+            labels = np.unique(np.asarray(label_map)) if mode not in ('RGB', 'RGBA') else None
+    except OSError:
+        return None  # not decodable: the loader's own error names the file
+    if labels is None:
+        return (f'{seg_map} is a {mode} colour image; mmseg needs one-channel maps of class ids (mode L or P, '
+                f'value = class index). Convert the colours to ids with your palette, e.g. '
+                f'Image.fromarray(ids.astype(np.uint8)).save(path).')
+    try:
+        image_size = _image_size(image)
+    except OSError:
+        image_size = size
+    if image_size != size:
+        return (f'{seg_map} is {size[0]}x{size[1]}, but its image {image} is {image_size[0]}x{image_size[1]}: '
+                f'the labels would not be aligned with the pixels. Save each map at its image\'s size.')
+    if num_classes is None:
+        return None
+    ids = labels.astype(np.int64)
+    if reduce_zero:
+        ids = np.where(ids == 0, ignore_index, ids - 1)
+        ids = np.where(ids == ignore_index - 1, ignore_index, ids)
+    wrong = sorted(int(i) for i in ids if i != ignore_index and not 0 <= i < num_classes)
+    if wrong:
+        shift = ' after reduce_zero_label (ids shifted down by one, 0 ignored)' if reduce_zero else ''
+        return (f'{seg_map} holds class ids {_abbreviate(wrong)}{shift}, outside 0..{num_classes - 1} for '
+                f'num_classes={num_classes} (ignore_index {ignore_index} is skipped). Set the heads\' num_classes to '
+                f'cover them, relabel the maps, or set {where}.reduce_zero_label to what your maps use.')
+    return None
+
+
+def preflight(cfg: Config, scope: str, loaders: Sequence[str] = LOADERS) -> List[str]:
+    """Check ``cfg``'s classes, heads and data files for ``loaders``; raise :class:`AnnotationError` listing every
+    problem, log and return the warnings."""
+    found = _Findings()
+    datasets = _datasets(cfg, loaders)
+    _check_classes(cfg, datasets, scope, found)
+    for loader, where, dataset in datasets:
+        kind = str(dataset.get('type'))
+        if kind.split('.')[-1] == 'CocoDataset':
+            _check_coco_dataset(cfg, loader, where, dataset, scope, found)
+        elif scope == 'mmseg' and kind.endswith('Dataset'):
+            _check_seg_dataset(cfg, where, dataset, scope, found)
+    if found.errors:
+        raise AnnotationError('\n'.join(f'- {e}' for e in dict.fromkeys(found.errors)))
+    for warning in dict.fromkeys(found.warnings):
+        print_log(f'pre-flight: {warning}', logger='current', level=30)
+    return list(dict.fromkeys(found.warnings))
+
+
+__all__ = ['preflight', 'head_num_classes', 'SAMPLE', 'DROPPED_WARN_FRACTION']
