@@ -14,6 +14,7 @@ them twice costs start-up time); images and maps are checked on a sample of :dat
 import functools
 import importlib
 import inspect
+import logging
 import os
 import os.path as osp
 from collections import Counter
@@ -125,9 +126,9 @@ def _check_classes(cfg: Config, datasets: List[Tuple[str, str, dict]], scope: st
         listed = ', '.join(f'{path}={n}' for path, n in heads)
         fix = ' '.join(f'{path}={len(ref_classes)}' for path, _ in heads)
         found.errors.append(
-            f'{listed}, but {ref_where} has {len(ref_classes)} {origin}: {_abbreviate(ref_classes)}. The heads '
-            f'would predict classes that do not exist and evaluation fails after the first epoch. Pass '
-            f'--cfg-options {fix}')
+            f'{listed}, but {ref_where} has {len(ref_classes)} {origin}: {_abbreviate(ref_classes)}. A head needs '
+            f'one output per class: with more, evaluation fails after the first epoch; with fewer, labels fall '
+            f'outside the head. Pass --cfg-options {fix}')
     for loader, (where, classes, explicit) in per_loader.items():
         if classes == ref_classes:
             continue
@@ -488,8 +489,9 @@ def _seg_map_problem(seg_map: str, image: str, where: str, num_classes: Optional
 
 
 def preflight(cfg: Config, scope: str, loaders: Sequence[str] = LOADERS) -> List[str]:
-    """Check ``cfg``'s classes, heads and data files for ``loaders``; raise :class:`AnnotationError` listing every
-    problem, log and return the warnings."""
+    """Check ``cfg``'s classes, heads and data files for ``loaders`` (``scope``: the task library, whose dataset
+    types give the default classes); raise :class:`AnnotationError` listing every problem, log (on rank 0) and
+    return the warnings."""
     found = _Findings()
     datasets = _datasets(cfg, loaders)
     _check_classes(cfg, datasets, scope, found)
@@ -501,9 +503,12 @@ def preflight(cfg: Config, scope: str, loaders: Sequence[str] = LOADERS) -> List
             _check_seg_dataset(cfg, where, dataset, scope, found)
     if found.errors:
         raise AnnotationError('\n'.join(f'- {e}' for e in dict.fromkeys(found.errors)))
-    for warning in dict.fromkeys(found.warnings):
-        print_log(f'pre-flight: {warning}', logger='current', level=30)
-    return list(dict.fromkeys(found.warnings))
+    warnings = list(dict.fromkeys(found.warnings))
+    # every rank checks (so that each stops on an error), rank 0 reports what may be legitimate
+    if os.environ.get('RANK', '0') == '0':
+        for warning in warnings:
+            print_log(f'pre-flight: {warning}', logger='current', level=logging.WARNING)
+    return warnings
 
 
 __all__ = ['preflight', 'head_num_classes', 'SAMPLE', 'DROPPED_WARN_FRACTION']
