@@ -171,6 +171,20 @@ def _build(path: str):
     return cfg, scope, model
 
 
+def test_every_config_passes_the_key_and_class_checks_of_tools_train():
+    """tools/train.py refuses top-level keys that are typos of Runner keys, and heads whose num_classes differ
+    from the datasets' classes: no shipped config may trip either (the data files are absent here, so only the
+    config-level checks of the pre-flight run)."""
+    from mmvisatt.engine.entrypoints import import_task_library
+    from mmvisatt.engine.input_checks import check_top_level_keys
+    from mmvisatt.engine.preflight import head_num_classes, preflight
+    for path in CONFIG_FILES:
+        cfg = Config.fromfile(path)
+        check_top_level_keys(cfg, path)
+        assert head_num_classes(cfg.model), path
+        assert preflight(cfg, import_task_library(cfg)) == [], path
+
+
 @pytest.mark.parametrize('path', CONFIG_FILES, ids=osp.basename)
 def test_config_builds_wires_and_trains_one_step(path):
     """Every config loads in its library's scope, builds whole, feeds its neck / heads the channels the backbone
