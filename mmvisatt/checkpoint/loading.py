@@ -256,12 +256,13 @@ def convert_backbone_layout(state_dict: Mapping[str, torch.Tensor],
     heads) as they are. Returns ``(state_dict, family, layout)``, or None when the backbone entries already fit or
     there are none. Raises :class:`CheckpointMismatchError` when they fit neither as they are nor converted."""
     own = set(backbone_keys)
-    inner = {k[len('backbone.'):]: v for k, v in state_dict.items() if k.startswith('backbone.')}
-    if not inner or not own or len(own & set(inner)) >= len(own) / 2:
+    backbone = {k: v for k, v in state_dict.items() if k.startswith('backbone.')}
+    inner = {k[len('backbone.'):] for k in backbone}
+    if not inner or not own or len(own & inner) >= len(own) / 2:
         return None
     best = None
     for name, spec in _CONVERTERS.items():
-        converted = _convert(spec, {'backbone.' + k: v for k, v in inner.items()})
+        converted = _convert(spec, backbone)
         if converted is None:
             continue
         keys = {k[len('backbone.'):] for k in converted[0] if k.startswith('backbone.')}
@@ -269,7 +270,7 @@ def convert_backbone_layout(state_dict: Mapping[str, torch.Tensor],
             best = (len(own & keys), converted, name)
     if best is None or best[0] < len(own) / 2:
         raise CheckpointMismatchError(
-            f'its backbone weights fit the model\'s backbone in {len(own & set(inner))} of {len(own)} tensors '
+            f'its backbone weights fit the model\'s backbone in {len(own & inner)} of {len(own)} tensors '
             f'(first keys: {_abbreviate(sorted(inner), 4)}), and no converter recognises their layout: the backbone '
             f'would stay at its initialisation. Use a checkpoint of this backbone, or initialise the backbone with '
             f'model.backbone.init_cfg and drop load_from.')

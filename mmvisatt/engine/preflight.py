@@ -11,7 +11,6 @@ What can be legitimate (training on a subset of a file's categories, some boxes 
 Annotation files above :data:`MAX_CHECKED_ANN_BYTES` are skipped (the big public sets are consistent, and parsing
 them twice costs start-up time); images and maps are checked on a sample of :data:`SAMPLE` files.
 """
-import functools
 import importlib
 import inspect
 import logging
@@ -38,10 +37,13 @@ _TRANSPOSING_ORIENTATIONS = {5, 6, 7, 8}
 
 
 class _Findings:
+    """What one pre-flight found, and the annotation files it parsed (the val file is also the evaluator's; they are
+    dropped with the pre-flight, not kept for the whole run)."""
 
     def __init__(self) -> None:
         self.errors: List[str] = []
         self.warnings: List[str] = []
+        self.parsed: Dict[str, Any] = {}
 
 
 def _datasets(cfg: Config, loaders: Iterable[str]) -> List[Tuple[str, str, dict]]:
@@ -150,17 +152,14 @@ def _pipeline_loads_masks(dataset: dict) -> bool:
                for t in dataset.get('pipeline') or [])
 
 
-@functools.lru_cache(maxsize=4)
-def _read_cached(path: str, mtime: float, size: int) -> Any:
-    return read_coco_file(path)
-
-
-def _read_json(path: str) -> Any:
-    """A COCO file's content, parsed once per pre-flight (the val file is also the evaluator's); None when it is
-    missing or too large to check."""
+def _read_json(path: str, found: _Findings) -> Any:
+    """A COCO file's content, parsed once per pre-flight; None when it is missing or too large to check."""
     if not osp.isfile(path) or osp.getsize(path) > MAX_CHECKED_ANN_BYTES:
         return None
-    return _read_cached(path, osp.getmtime(path), osp.getsize(path))
+    key = osp.abspath(path)
+    if key not in found.parsed:
+        found.parsed[key] = read_coco_file(path)
+    return found.parsed[key]
 
 
 def _bad_polygons(segmentation: Any) -> bool:
@@ -173,6 +172,7 @@ def _coco_content(path: str, data: dict, where: str, train: bool, masks: bool, c
     categories = data['categories']
     cat_ids = [c['id'] for c in categories if c.get('name') in classes]
     names = {c['id']: c.get('name') for c in categories}
+    file_names = set(names.values())
     if not cat_ids and train:
         found.errors.append(
             f'{path}: none of its categories ({_abbreviate([c.get("name") for c in categories])}) is among the '
@@ -181,12 +181,12 @@ def _coco_content(path: str, data: dict, where: str, train: bool, masks: bool, c
             f'the file\'s category names on every dataset, and the heads\' num_classes to their number.')
     if not cat_ids:
         return cat_ids
-    if [names[i] for i in cat_ids] != [c for c in classes if c in set(names.values())]:
+    if [names[i] for i in cat_ids] != [c for c in classes if c in file_names]:
         found.warnings.append(
             f'{path}: its categories come in another order than the classes of {where}. mmdet numbers labels in '
             f'the file\'s order, so predictions would carry the wrong class names; list the classes as the file '
             f'does: {_abbreviate([names[i] for i in cat_ids], 100)}')
-    absent = [c for c in classes if c not in set(names.values())]
+    absent = [c for c in classes if c not in file_names]
     if train and absent:
         found.warnings.append(f'{path} has no category for classes {_abbreviate(absent)} of {where}: the model '
                               f'will never see them.')
@@ -272,7 +272,7 @@ def _check_evaluator(cfg: Config, loader: str, classes: Tuple[str, ...], found: 
         if not isinstance(metric, dict) or 'CocoMetric' not in str(metric.get('type')) or not metric.get('ann_file'):
             continue
         try:
-            data = _read_json(metric['ann_file'])
+            data = _read_json(metric['ann_file'], found)
         except (OSError, AnnotationError):
             continue
         if not isinstance(data, dict) or not isinstance(data.get('categories'), list):
@@ -353,7 +353,8 @@ def _check_size_filter(path: str, data: dict, dataset: dict, cat_ids: List[int],
     """The other way to an empty training set: ``filter_cfg`` removing every image."""
     filter_cfg = dataset.get('filter_cfg') or {}
     min_size = filter_cfg.get('min_size', 0)
-    annotated = {a.get('image_id') for a in data['annotations'] if a.get('category_id') in set(cat_ids)}
+    wanted = set(cat_ids)
+    annotated = {a.get('image_id') for a in data['annotations'] if a.get('category_id') in wanted}
     kept = [i for i in data['images']
             if min(i['width'], i['height']) >= min_size
             and (not filter_cfg.get('filter_empty_gt') or i.get('id') in annotated)]
@@ -374,7 +375,7 @@ def _check_coco_dataset(cfg: Config, loader: str, where: str, dataset: dict, sco
         print_log(f'pre-flight: {path} is over {MAX_CHECKED_ANN_BYTES >> 20} MiB; its content is not checked.',
                   logger='current')
         return
-    data = _read_json(path)
+    data = _read_json(path, found)
     check_coco_annotations(path, train=train, data=data)
     required = {'images': ('id', 'file_name', 'width', 'height'),
                 'annotations': ('id', 'image_id', 'category_id', 'bbox', 'area')}
@@ -393,8 +394,9 @@ def _check_coco_dataset(cfg: Config, loader: str, where: str, dataset: dict, sco
     classes, explicit = _classes(dataset, _dataset_class(dataset, scope))
     if classes is None:
         return
-    cat_ids = _coco_content(path, data, where, train, _pipeline_loads_masks(dataset), classes, explicit, found)
-    if not train and _pipeline_loads_masks(dataset):
+    masks = _pipeline_loads_masks(dataset)
+    cat_ids = _coco_content(path, data, where, train, masks, classes, explicit, found)
+    if not train and masks:
         _check_eval_polygons(path, data, where, found)
     if train and cat_ids:
         _check_size_filter(path, data, dataset, cat_ids, where, found)
