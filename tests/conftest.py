@@ -1,4 +1,4 @@
-"""Shared pytest set-up: the ``slow`` and ``cuda`` markers and a shrunk copy of the detection recipe for fast
+"""Shared pytest set-up: the ``slow``, ``cuda`` and ``demo`` markers and a shrunk copy of the detection recipe for fast
 training tests."""
 import os
 import os.path as osp
@@ -29,12 +29,20 @@ def pytest_configure(config):
                             'still part of the suite, deselect with -m "not slow" for a quick pass')
     config.addinivalue_line('markers', 'cuda: needs a CUDA GPU; skipped with the reason where none is visible '
                             '(pytest tests/test_cuda.py -m cuda on a GPU machine, or tools/gpu_check.sh)')
+    config.addinivalue_line('markers', 'demo: the whole README demo against its numbers (10-17 minutes); skipped '
+                            'unless asked for: pytest -m demo tests/test_demo_train.py')
 
 
 def pytest_collection_modifyitems(config, items):
     # Slow tests first (stable, so files keep their order otherwise): under pytest-xdist a test of several minutes
     # started last keeps one worker busy while the other has nothing left to do.
     items.sort(key=lambda item: item.get_closest_marker('slow') is None)
+    # The suite's budget is 20 minutes on 2 cores, and the whole demo alone takes 10-17 of them.
+    if 'demo' not in (config.getoption('markexpr') or ''):
+        demo = pytest.mark.skip(reason='the whole README demo (10-17 min): pytest -m demo tests/test_demo_train.py')
+        for item in items:
+            if item.get_closest_marker('demo') is not None:
+                item.add_marker(demo)
     import torch
     if not torch.cuda.is_available():
         reason = (f'needs a CUDA GPU; torch {torch.__version__} sees none (built with CUDA {torch.version.cuda}, '
