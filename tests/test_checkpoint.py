@@ -186,6 +186,20 @@ def test_load_from_a_detector_with_an_mmdet_swin_backbone_converts_it():
     assert own['state_dict'].keys() == {f'backbone.{k}' for k in model.backbone.state_dict()}
 
 
+def test_test_and_infer_name_a_detector_of_another_backbone_layout_and_where_it_converts():
+    from mmvisatt.apis.inference import InferenceError, check_weights_fit
+    model = torch.nn.Module()
+    model.backbone = ReSwinTransformer(arch=TINY)
+    with pytest.raises(InferenceError, match=r"does not fit .*Its backbone is in the mmdet-swin layout, another "
+                                             r"model than this config's ReSwinTransformer.*load_from=PATH, which "
+                                             r"converts the backbone \(reswin converter\)"):
+        check_weights_fit(model, {'state_dict': _mmdet_swin_detector()})
+    resnet = {'backbone.conv1.weight': torch.zeros(8, 3, 7, 7)}
+    with pytest.raises(InferenceError) as error:
+        check_weights_fit(model, resnet)
+    assert 'layout' not in str(error.value)
+
+
 def test_load_from_a_detector_with_an_unknown_backbone_is_refused():
     from types import SimpleNamespace
 

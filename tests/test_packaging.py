@@ -115,3 +115,17 @@ def test_mim_train_runs_the_demo(installed_wheel):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert osp.isfile(work_dir / 'iter_2.pth')
     assert 'mmvisatt/.mim/configs/mask_rcnn_reswin_t_3x.py' in proc.stdout + proc.stderr
+
+
+def test_setup_says_when_the_disk_is_too_small_for_torch(tmp_path):
+    """Before installing torch (6.7 GB of venv with its CUDA build), set-up checks the free space and names the
+    problem and the fix, instead of pip's ``[Errno 28] No space left on device`` half-way through."""
+    env = dict(os.environ, MMVISATT_VENV=str(tmp_path / 'venv'), MMVISATT_CACHE=str(tmp_path / 'cache'),
+               MMVISATT_NEED_GB='1000000000')
+    run = subprocess.run(['bash', osp.join(REPO, 'tools', 'setup_env.sh')], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 1, run.stderr
+    assert re.search(r'only \d+ GB free on the disk of .*venv: torch 2\.14\.1 .* point MMVISATT_VENV at a larger '
+                     r'disk', run.stderr), run.stderr
+    assert not osp.exists(tmp_path / 'venv' / 'lib' / f'python{sys.version_info[0]}.{sys.version_info[1]}'
+                          / 'site-packages' / 'torch')

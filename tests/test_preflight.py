@@ -198,6 +198,17 @@ def test_an_empty_image_met_while_training_says_where_to_look(tmp_path):
     assert explained is not None and f'find {tmp_path} -size 0' in str(explained)
 
 
+def test_the_image_folders_searched_for_an_empty_image_cover_every_library():
+    cfg = Config(dict(
+        train_dataloader=dict(dataset=dict(data_root='coco/', data_prefix=dict(img='train2017/'))),
+        val_dataloader=dict(dataset=dict(type='ConcatDataset', datasets=[
+            dict(data_root='ade', data_prefix=dict(img_path='images/validation', seg_map_path='ann')),
+            dict(data_root='/abs/imagenet', data_prefix='/elsewhere/val')])),
+        test_dataloader=dict(dataset=dict(data_root='only_root'))))
+    assert entrypoints._image_dirs(cfg) == ['/elsewhere/val', 'ade/images/validation', 'coco/train2017/',
+                                            'only_root']
+
+
 def test_an_exif_rotated_image_is_not_a_size_mismatch(tmp_path):
     _coco_folder(tmp_path, size=(48, 64), file_size=(48, 64))
     image = Image.new('RGB', (64, 48))

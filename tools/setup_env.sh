@@ -5,6 +5,7 @@
 #                      into the current interpreter instead (e.g. an existing conda env with CUDA torch)
 #   MMVISATT_CACHE     where built wheels are kept (default: ~/.cache/mmvisatt)
 #   PYTHON             interpreter used to create the venv (default: python3)
+#   MMVISATT_NEED_GB   free disk (GB) asked for before torch is installed (default: 8)
 #
 # torch is installed only when none is importable, so GPU users install their own CUDA build first.
 set -euo pipefail
@@ -36,6 +37,17 @@ stamp=$("$py" -c 'import sys; print(sys.prefix)')/.mmvisatt-setup-$stamp_src
 if [ -f "$stamp" ] && "$py" -c 'import mmcv.ops, mmdet, mmseg, mmpretrain, timm, mmvisatt' 2>/dev/null; then
   log "environment up to date ($py)"
   exit 0
+fi
+
+if ! "$py" -c 'import torch' 2>/dev/null; then
+  # the venv measured 6.7 GB with torch's CUDA build: refuse before pip runs out of space half-way through
+  prefix=$("$py" -c 'import sys; print(sys.prefix)')
+  free_gb=$(df -Pk "$prefix" | awk 'NR == 2 { print int($4 / 1048576) }')
+  if [ "$free_gb" -lt "${MMVISATT_NEED_GB:-8}" ]; then
+    log "only $free_gb GB free on the disk of $prefix: torch 2.14.1 (a CUDA build with its libraries) and the rest" \
+      "of the stack take about 7 GB. Free some space, or point MMVISATT_VENV at a larger disk."
+    exit 1
+  fi
 fi
 
 "${pip[@]}" install -q -r "$repo/requirements/build.txt"

@@ -28,6 +28,7 @@ import torch
 from mmengine.config import Config, DictAction
 from mmengine.logging import print_log
 
+from mmvisatt.checkpoint import CheckpointMismatchError, convert_backbone_layout
 from mmvisatt.engine.demo import DemoSettings, to_demo_config
 from mmvisatt.engine.entrypoints import import_task_library
 
@@ -162,7 +163,27 @@ def check_weights_fit(model: torch.nn.Module, checkpoint: dict, hint: str = '') 
         lines.append(f'{len(missing)} of the model\'s {len(own)} tensors missing ({", ".join(missing[:5])}'
                      + (f', and {len(missing) - 5} more)' if len(missing) > 5 else ')'))
     raise InferenceError('the checkpoint does not fit the model built from the config: ' + '; '.join(lines)
-                         + (f'. {hint}' if hint else ''))
+                         + (f'. {hint}' if hint else '') + _foreign_backbone_hint(model, state))
+
+
+def _foreign_backbone_hint(model: torch.nn.Module, state: dict) -> str:
+    """For a checkpoint whose backbone is in another model's layout that a converter knows (a whole mmdet Swin
+    detector for a ReSwin config): why it is not converted here, and where it is."""
+    backbone = getattr(model, 'backbone', None)
+    if not isinstance(backbone, torch.nn.Module):
+        return ''
+    try:
+        converted = convert_backbone_layout(state, backbone.state_dict().keys())
+    except CheckpointMismatchError:
+        return ''
+    if converted is None:
+        return ''
+    _, family, layout = converted
+    # converted, it would be scored as another backbone (e.g. Swin weights under ReSwin's residual attention)
+    return (f' Its backbone is in the {layout} layout, another model than this config\'s {type(backbone).__name__}, '
+            f'so it is not converted for evaluation or inference: use it with the config it was trained with. To '
+            f'fine-tune from it, pass it to tools/train.py as --cfg-options load_from=PATH, which converts the '
+            f'backbone ({family} converter).')
 
 
 def _classes_hint(checkpoint: dict, demo: bool) -> str:

@@ -11,7 +11,7 @@ import os
 import re
 import os.path as osp
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Iterable, List, Mapping, Optional, Set, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
 
 import torch
 from mmengine.logging import print_log
@@ -77,11 +77,18 @@ class NotACheckpointError(ValueError):
     """The file is not a PyTorch checkpoint at all (empty, a web page, a git-lfs pointer, other text)."""
 
 
-def not_a_checkpoint(path: str) -> Optional[str]:
-    """What the local file ``path`` is when it is not a checkpoint, with the fix; None for a ``torch.save`` zip
-    archive, a legacy pickle and anything else a loader may know (e.g. safetensors). Reads the first 512 bytes."""
+def file_head(path: str) -> bytes:
+    """The first 512 bytes of ``path``: enough for :func:`not_a_checkpoint` to tell what the file is."""
     with open(path, 'rb') as f:
-        head = f.read(512)
+        return f.read(512)
+
+
+def not_a_checkpoint(path: str, head: Optional[bytes] = None) -> Optional[str]:
+    """What the local file ``path`` is when it is not a checkpoint, with the fix; None for a ``torch.save`` zip
+    archive, a legacy pickle and anything else a loader may know (e.g. safetensors). ``head``: the file's
+    :func:`file_head` when the caller has read it already."""
+    if head is None:
+        head = file_head(path)
     if not head:
         return 'an empty file (0 bytes): the download or copy did not finish. Download or copy it again'
     if head.startswith(b'PK\x03\x04') or head[:1] == b'\x80':
@@ -162,16 +169,17 @@ class LoadReport:
         text = (f'Loaded {self.source} ({self.layout} layout): {len(self.loaded)} tensors matched, '
                 f'{len(self.missing)} newly initialised')
         if self.missing:
-            text += f' [{_abbreviate(self.missing)}]'
+            text += f' [{abbreviate(self.missing)}]'
         text += f', {len(self.unexpected)} ignored'
         if self.unexpected:
-            text += f' [{_abbreviate(self.unexpected)}]'
+            text += f' [{abbreviate(self.unexpected)}]'
         return text
 
 
-def _abbreviate(keys: List[str], limit: int = 6) -> str:
-    shown = ', '.join(keys[:limit])
-    return shown + (f', ... (+{len(keys) - limit})' if len(keys) > limit else '')
+def abbreviate(items: Sequence[Any], limit: int = 8) -> str:
+    """The first ``limit`` of ``items``, comma-separated, and how many more there are: for messages."""
+    shown = ', '.join(str(i) for i in list(items)[:limit])
+    return shown + (f', ... (+{len(items) - limit})' if len(items) > limit else '')
 
 
 def _matches(key: str, patterns: Iterable[str]) -> bool:
@@ -217,15 +225,15 @@ def load_into(module: torch.nn.Module, state_dict: Mapping[str, torch.Tensor], *
         problems = []
         if deeper:
             problems.append(f'the checkpoint has {len(deeper)} tensors of blocks or stages the model does not have '
-                            f'({_abbreviate(deeper, 4)}), so it is of a deeper variant (e.g. a Swin-S file for a '
+                            f'({abbreviate(deeper, 4)}), so it is of a deeper variant (e.g. a Swin-S file for a '
                             f'Swin-T arch)')
         if required:
             problems.append(f'{len(required)} of {len(own)} tensors of {type(module).__name__} are missing from '
-                            f'the checkpoint: {_abbreviate(required, 20)}')
+                            f'the checkpoint: {abbreviate(required, 20)}')
         if wrong_shape:
-            problems.append(f'{len(wrong_shape)} tensors have another shape: {_abbreviate(wrong_shape, 20)}')
+            problems.append(f'{len(wrong_shape)} tensors have another shape: {abbreviate(wrong_shape, 20)}')
         if report.unexpected and not deeper:
-            problems.append(f'unused checkpoint keys: {_abbreviate(report.unexpected, 20)}')
+            problems.append(f'unused checkpoint keys: {abbreviate(report.unexpected, 20)}')
         raise CheckpointMismatchError(
             f'{source} ({layout} layout) does not fit {type(module).__name__}: ' + '; '.join(problems) +
             '. Check that the checkpoint belongs to this architecture and size (arch=...).')
@@ -245,7 +253,7 @@ def load_pretrained(module: torch.nn.Module, checkpoint, *, family: str, prefix:
     own = {k[len(prefix):]: v for k, v in converted.items() if k.startswith(prefix)}
     if not own:
         raise CheckpointMismatchError(f"{source} has no '{prefix}' weights after conversion from the {layout} "
-                                      f"layout (keys: {_abbreviate(sorted(converted))}).")
+                                      f"layout (keys: {abbreviate(sorted(converted))}).")
     return load_into(module, own, source=source, layout=layout, allow_missing=allow_missing)
 
 
@@ -271,7 +279,7 @@ def convert_backbone_layout(state_dict: Mapping[str, torch.Tensor],
     if best is None or best[0] < len(own) / 2:
         raise CheckpointMismatchError(
             f'its backbone weights fit the model\'s backbone in {len(own & inner)} of {len(own)} tensors '
-            f'(first keys: {_abbreviate(sorted(inner), 4)}), and no converter recognises their layout: the backbone '
+            f'(first keys: {abbreviate(sorted(inner), 4)}), and no converter recognises their layout: the backbone '
             f'would stay at its initialisation. Use a checkpoint of this backbone, or initialise the backbone with '
             f'model.backbone.init_cfg and drop load_from.')
     _, (converted, layout), family = best

@@ -49,6 +49,14 @@ def _needed_paths(dataset: dict) -> List[str]:
     return paths or ([root] if root else [])
 
 
+def image_dir(dataset: dict) -> Optional[str]:
+    """The folder a dataset reads its images from (mmdet ``data_prefix.img``, mmseg ``img_path``, an mmpretrain
+    prefix string), under its ``data_root``; None when it names none."""
+    root, prefix = dataset.get('data_root'), dataset.get('data_prefix') or {}
+    folder = prefix.get('img', prefix.get('img_path')) if isinstance(prefix, dict) else prefix
+    return _join(root, folder) if folder else root
+
+
 def check_data(cfg: Config, loaders: Tuple[str, ...]) -> None:
     """Raise :class:`MissingDataError` if a dataset used by ``loaders`` (e.g. ``('train_dataloader',
     'val_dataloader')``) is missing, describing the expected layout and the ``--demo`` alternative."""

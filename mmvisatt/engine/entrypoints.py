@@ -21,8 +21,8 @@ from mmengine.logging import print_log
 from mmengine.runner import Runner
 
 from mmvisatt.checkpoint import CheckpointMismatchError
-from .checks import (MissingCheckpointError, MissingDataError, check_data, check_pretrained, leaf_datasets,
-                     pretrained_inits)
+from .checks import (MissingCheckpointError, MissingDataError, check_data, check_pretrained, image_dir,
+                     leaf_datasets, pretrained_inits)
 from .demo import DemoSettings, describe_demo, to_demo_config
 from .guards import NonFiniteLossError
 from .input_checks import (AnnotationError, ConfigFileError, ConfigKeyError, CorruptCheckpointError, CorruptImageError,
@@ -278,13 +278,9 @@ def check_model_files(cfg: Config) -> None:
 
 
 def _image_dirs(cfg: Config) -> List[str]:
-    dirs = []
-    for loader in ('train_dataloader', 'val_dataloader', 'test_dataloader'):
-        for dataset in leaf_datasets((cfg.get(loader) or {}).get('dataset')):
-            prefix = dataset.get('data_prefix') or {}
-            folder = prefix.get('img', prefix.get('img_path', '')) if isinstance(prefix, dict) else prefix
-            dirs.append(osp.join(dataset.get('data_root') or '', folder or ''))
-    return sorted(set(d for d in dirs if d))
+    loaders = ('train_dataloader', 'val_dataloader', 'test_dataloader')
+    dirs = {image_dir(d) for loader in loaders for d in leaf_datasets((cfg.get(loader) or {}).get('dataset'))}
+    return sorted(d for d in dirs if d)
 
 
 @contextlib.contextmanager

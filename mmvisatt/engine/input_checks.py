@@ -27,7 +27,7 @@ from mmengine.logging import print_log
 from mmengine.model import is_model_wrapper
 from mmengine.registry import HOOKS
 
-from mmvisatt.checkpoint import CheckpointMismatchError, convert_backbone_layout, not_a_checkpoint
+from mmvisatt.checkpoint import CheckpointMismatchError, convert_backbone_layout, file_head, not_a_checkpoint
 from mmvisatt.datasets.transforms import CorruptImageError, image_truncation, truncated_image_message
 from .checks import leaf_datasets
 from .reliability import checkpoint_problem
@@ -306,12 +306,11 @@ def check_checkpoint_file(path: Optional[str], what: str, fix: str, zip_only: bo
     """
     if not path or '://' in path or not osp.isfile(path):
         return
-    problem = not_a_checkpoint(path)
+    head = file_head(path)
+    problem = not_a_checkpoint(path, head)
     if problem is not None:
         raise CorruptCheckpointError(f'{what} {path} is {problem}.')
-    with open(path, 'rb') as f:
-        head = f.read(4)
-    if head[:1] == b'\x80' or (zip_only and head != b'PK\x03\x04'):
+    if head[:1] == b'\x80' or (zip_only and not head.startswith(b'PK\x03\x04')):
         return
     problem = checkpoint_problem(path)
     if problem is not None:

@@ -23,6 +23,7 @@ import numpy as np
 from mmengine.config import Config
 from mmengine.logging import print_log
 
+from mmvisatt.checkpoint.loading import abbreviate
 from .checks import leaf_datasets
 from .input_checks import MAX_CHECKED_ANN_BYTES, AnnotationError, _ann_file, check_coco_annotations, read_coco_file
 
@@ -128,7 +129,7 @@ def _check_classes(cfg: Config, datasets: List[Tuple[str, str, dict]], scope: st
         listed = ', '.join(f'{path}={n}' for path, n in heads)
         fix = ' '.join(f'{path}={len(ref_classes)}' for path, _ in heads)
         found.errors.append(
-            f'{listed}, but {ref_where} has {len(ref_classes)} {origin}: {_abbreviate(ref_classes)}. A head needs '
+            f'{listed}, but {ref_where} has {len(ref_classes)} {origin}: {abbreviate(ref_classes)}. A head needs '
             f'one output per class: with more, evaluation fails after the first epoch; with fewer, labels fall '
             f'outside the head. Pass --cfg-options {fix}')
     for loader, (where, classes, explicit) in per_loader.items():
@@ -136,15 +137,10 @@ def _check_classes(cfg: Config, datasets: List[Tuple[str, str, dict]], scope: st
             continue
         state = 'sets' if explicit else 'does not set metainfo, so it uses its type\'s default'
         found.errors.append(
-            f'{where} {state} {len(classes)} classes ({_abbreviate(classes)}), but {ref_where} has '
-            f'{len(ref_classes)} ({_abbreviate(ref_classes)}): the model would be evaluated on other classes than '
+            f'{where} {state} {len(classes)} classes ({abbreviate(classes)}), but {ref_where} has '
+            f'{len(ref_classes)} ({abbreviate(ref_classes)}): the model would be evaluated on other classes than '
             f'it learns. Set the same metainfo=dict(classes=...) on every dataset (a top-level metainfo variable '
             f'in your config), or pass --cfg-options {_classes_option(where, ref_classes)}')
-
-
-def _abbreviate(items: Sequence[Any], limit: int = 8) -> str:
-    shown = ', '.join(str(i) for i in list(items)[:limit])
-    return shown + (f', ... (+{len(items) - limit})' if len(items) > limit else '')
 
 
 def _pipeline_loads_masks(dataset: dict) -> bool:
@@ -175,8 +171,8 @@ def _coco_content(path: str, data: dict, where: str, train: bool, masks: bool, c
     file_names = set(names.values())
     if not cat_ids and train:
         found.errors.append(
-            f'{path}: none of its categories ({_abbreviate([c.get("name") for c in categories])}) is among the '
-            f'{len(classes)} classes of {where} ({_abbreviate(classes)}), so every annotation would be dropped '
+            f'{path}: none of its categories ({abbreviate([c.get("name") for c in categories])}) is among the '
+            f'{len(classes)} classes of {where} ({abbreviate(classes)}), so every annotation would be dropped '
             f'(mmdet then fails with "need at least one array to concatenate"). Set metainfo=dict(classes=...) to '
             f'the file\'s category names on every dataset, and the heads\' num_classes to their number.')
     if not cat_ids:
@@ -185,10 +181,10 @@ def _coco_content(path: str, data: dict, where: str, train: bool, masks: bool, c
         found.warnings.append(
             f'{path}: its categories come in another order than the classes of {where}. mmdet numbers labels in '
             f'the file\'s order, so predictions would carry the wrong class names; list the classes as the file '
-            f'does: {_abbreviate([names[i] for i in cat_ids], 100)}')
+            f'does: {abbreviate([names[i] for i in cat_ids], 100)}')
     absent = [c for c in classes if c not in file_names]
     if train and absent:
-        found.warnings.append(f'{path} has no category for classes {_abbreviate(absent)} of {where}: the model '
+        found.warnings.append(f'{path} has no category for classes {abbreviate(absent)} of {where}: the model '
                               f'will never see them.')
     if not train:
         return cat_ids
@@ -196,13 +192,13 @@ def _coco_content(path: str, data: dict, where: str, train: bool, masks: bool, c
     outside = {name: n for name, n in counts.items() if name not in classes}
     if outside and not explicit:
         found.errors.append(
-            f'{path} has categories {_abbreviate(sorted(map(str, outside)))} that are not among the default classes '
+            f'{path} has categories {abbreviate(sorted(map(str, outside)))} that are not among the default classes '
             f'of {where} (its metainfo is not set, so it uses its type\'s {len(classes)}). Set '
             f'metainfo=dict(classes=...) to the file\'s category names on every dataset, and the heads\' '
             f'num_classes to their number.')
     elif outside:
         found.warnings.append(
-            f'{path}: {sum(outside.values())} annotations of categories {_abbreviate(sorted(map(str, outside)))} '
+            f'{path}: {sum(outside.values())} annotations of categories {abbreviate(sorted(map(str, outside)))} '
             f'are not among the classes of {where} and are ignored (fine when you train on a subset).')
     _check_instances(path, data, where, set(cat_ids), masks, found)
     return cat_ids
@@ -260,7 +256,7 @@ def _check_eval_polygons(path: str, data: dict, where: str, found: _Findings) ->
     bad = [a.get('id') for a in data['annotations'] if _bad_polygons(a.get('segmentation'))]
     if bad:
         found.errors.append(
-            f'{path}: {len(bad)} annotations have polygons of fewer than 3 points (ids {_abbreviate(bad)}); '
+            f'{path}: {len(bad)} annotations have polygons of fewer than 3 points (ids {abbreviate(bad)}); '
             f'pycocotools fails on them when {where} is evaluated. Remove those polygons (or annotations).')
 
 
@@ -282,7 +278,7 @@ def _check_evaluator(cfg: Config, loader: str, classes: Tuple[str, ...], found: 
         if missing:
             found.errors.append(
                 f'{_EVALUATORS[loader]}.ann_file {metric["ann_file"]} has no category for classes '
-                f'{_abbreviate(missing)} of {loader}: CocoMetric would fail with an IndexError when it converts '
+                f'{abbreviate(missing)} of {loader}: CocoMetric would fail with an IndexError when it converts '
                 f'the predictions. Point it at the annotation file of the same set, or set the classes to its '
                 f'category names.')
 
@@ -315,7 +311,7 @@ def _file_problems(files: Sequence[str]) -> Tuple[List[str], List[str]]:
 
 
 def _empty_images_error(empty: List[str], where: str) -> str:
-    return (f'{len(empty)} image files of {where} are empty (0 bytes): {_abbreviate(empty, 4)}. Replace them '
+    return (f'{len(empty)} image files of {where} are empty (0 bytes): {abbreviate(empty, 4)}. Replace them '
             f'(re-download or re-copy) or remove them from the annotations; OpenCV would fail on them without naming '
             f'the file.')
 
@@ -328,7 +324,7 @@ def _check_coco_images(path: str, data: dict, dataset: dict, where: str, found: 
     missing, empty = _file_problems(files)
     if missing:
         found.errors.append(f'{len(missing)} of the {len(files)} images listed in {path} do not exist '
-                            f'({_abbreviate(missing, 4)}): {where}.data_prefix.img={prefix!r} under '
+                            f'({abbreviate(missing, 4)}): {where}.data_prefix.img={prefix!r} under '
                             f'data_root={root!r} may point at the wrong folder.')
     if empty:
         found.errors.append(_empty_images_error(empty, where))
@@ -382,14 +378,14 @@ def _check_coco_dataset(cfg: Config, loader: str, where: str, dataset: dict, sco
     for part, keys in required.items():
         lacking = Counter(k for item in data[part] for k in keys if k not in item)
         if lacking:
-            found.errors.append(f'{path}: {_abbreviate([f"{n} {part} lack {k!r}" for k, n in lacking.items()])}; '
+            found.errors.append(f'{path}: {abbreviate([f"{n} {part} lack {k!r}" for k, n in lacking.items()])}; '
                                 f'mmdet reads these keys of every entry. Re-export the file in COCO format.')
             return
     bad_boxes = [a.get('id') for a in data['annotations']
                  if not (isinstance(a['bbox'], (list, tuple)) and len(a['bbox']) == 4)]
     if bad_boxes:
         found.errors.append(f'{path}: {len(bad_boxes)} annotations have a bbox that is not [x, y, width, height] '
-                            f'(ids {_abbreviate(bad_boxes)}). Re-export the file in COCO format.')
+                            f'(ids {abbreviate(bad_boxes)}). Re-export the file in COCO format.')
         return
     classes, explicit = _classes(dataset, _dataset_class(dataset, scope))
     if classes is None:
@@ -484,7 +480,7 @@ def _seg_map_problem(seg_map: str, image: str, where: str, num_classes: Optional
     wrong = sorted(int(i) for i in ids if i != ignore_index and not 0 <= i < num_classes)
     if wrong:
         shift = ' after reduce_zero_label (ids shifted down by one, 0 ignored)' if reduce_zero else ''
-        return (f'{seg_map} holds class ids {_abbreviate(wrong)}{shift}, outside 0..{num_classes - 1} for '
+        return (f'{seg_map} holds class ids {abbreviate(wrong)}{shift}, outside 0..{num_classes - 1} for '
                 f'num_classes={num_classes} (ignore_index {ignore_index} is skipped). Set the heads\' num_classes to '
                 f'cover them, relabel the maps, or set {where}.reduce_zero_label to what your maps use.')
     return None
