@@ -18,16 +18,17 @@ import pytest
 
 from conftest import CONFIGS, REPO
 
-# Below the README's numbers, for thread-scheduling nondeterminism: the run is seeded, and two runs on 2026-12-02
-# gave the same numbers to the third decimal.
-SHARE_OF_README = 0.6
+# Of the low end of the README's range: the seeded run repeats on one machine, but two machines of one kind ended
+# at 0.049 and 0.075 bbox mAP with the same commit.
+SHARE_OF_README = 0.8
 
 
 def readme_demo_row():
-    """(iteration, bbox mAP, segm mAP) of the README demo table's end-of-training row."""
+    """(iteration, bbox mAP, segm mAP) of the README demo table's end-of-training row; of a range, its low end."""
     with open(osp.join(REPO, 'README.md')) as f:
         text = f.read()
-    match = re.search(r'^\| end of training \(iteration (\d+)\) \| ([\d.]+) .*?\| ([\d.]+) .*\|$', text, re.M)
+    value = r'([\d.]+)(?:-[\d.]+)? .*?'
+    match = re.search(rf'^\| end of training \(iteration (\d+)\) \| {value}\| {value}\|$', text, re.M)
     assert match, 'README.md has no "| end of training (iteration N) | bbox | segm |" row'
     return int(match.group(1)), float(match.group(2)), float(match.group(3))
 
