@@ -165,8 +165,8 @@ def export_onnx(model: nn.Module, path: str, height: int, width: int, dynamic: b
         except Exception as err:  # the exporter raises many types; the static export below decides
             reason = f'the exporter failed with {_root_cause(err)}'
         if not reason and not _input_is_dynamic(path):
-            reason = ("the exporter fixed them to the export size (the model's window or group layout depends on "
-                      'the input size through Python control flow)')
+            reason = ('the exporter fixed them to the export size (the model branches on the input size, or '
+                      'computes with it in Python)')
         if not reason:
             sizes = [(height, width)] + check_sizes(height, width)
             try:

@@ -386,12 +386,10 @@ class ReViT(AttentionBackbone):
         init_transformer_weights(self, _init_position_tables)
 
     def _position_embedding(self, height: int, width: int) -> Tensor:
-        """(1, height, width, C): the learned grid, bicubically resized for another token grid."""
-        pos = self.pos_embed.reshape(1, *self.pos_grid, -1)
-        if (height, width) != self.pos_grid:
-            pos = F.interpolate(pos.permute(0, 3, 1, 2), size=(height, width), mode='bicubic',
-                                align_corners=False).permute(0, 2, 3, 1)
-        return pos
+        """(1, height, width, C): the learned grid, bicubically resized to the token grid (a copy at its own size:
+        an `if` on the sizes instead would fix an exported graph to the export size's branch)."""
+        pos = self.pos_embed.reshape(1, *self.pos_grid, -1).permute(0, 3, 1, 2)
+        return F.interpolate(pos, size=(height, width), mode='bicubic', align_corners=False).permute(0, 2, 3, 1)
 
     def forward(self, x: Tensor) -> Tuple[Tensor, ...]:
         """(B, C_in, H, W) -> tuple of (B, num_features[i], ceil(H / s_i), ceil(W / s_i)), s = 4/8/16/32."""

@@ -29,11 +29,12 @@ def relative_position_embeddings(table: Tensor, q_len: int, k_len: int) -> Tenso
     so index ``2 * max(q_len, k_len) - 2`` is the largest. A table built for other sizes (another input
     resolution) is resized linearly to that length first.
     """
-    length = 2 * max(q_len, k_len) - 1
-    if table.shape[0] != length:
-        table = F.interpolate(table.t().unsqueeze(0), size=length, mode='linear').squeeze(0).t()
-    q_ratio = max(k_len / q_len, 1.0)
-    k_ratio = max(q_len / k_len, 1.0)
+    # sym_max and the resize to a length the table may already have (a copy then) keep the sizes symbolic in
+    # torch.export: Python max and an `if` on them would fix the graph to the export size's branch
+    length = 2 * torch.sym_max(q_len, k_len) - 1
+    table = F.interpolate(table.t().unsqueeze(0), size=length, mode='linear').squeeze(0).t()
+    q_ratio = torch.sym_max(k_len / q_len, 1.0)
+    k_ratio = torch.sym_max(q_len / k_len, 1.0)
     # float32 0-d tensors give the products of float32 positions and Python floats bit for bit, and unlike
     # Python floats they stay tensors when export makes the sizes symbolic
     q_ratio, k_ratio, shift = (torch.scalar_tensor(r, dtype=torch.float32, device=table.device)
