@@ -39,7 +39,10 @@ if [ -f "$stamp" ] && "$py" -c 'import mmcv.ops, mmdet, mmseg, mmpretrain, timm,
   exit 0
 fi
 
-if ! "$py" -c 'import torch' 2>/dev/null; then
+# probed once: installing requirements/build.txt below does not change it
+has_torch=yes
+"$py" -c 'import torch' 2>/dev/null || has_torch=no
+if [ "$has_torch" = no ]; then
   # the venv measured 6.7 GB with torch's CUDA build: refuse before pip runs out of space half-way through
   prefix=$("$py" -c 'import sys; print(sys.prefix)')
   free_gb=$(df -Pk "$prefix" | awk 'NR == 2 { print int($4 / 1048576) }')
@@ -52,7 +55,7 @@ fi
 
 "${pip[@]}" install -q -r "$repo/requirements/build.txt"
 
-if ! "$py" -c 'import torch' 2>/dev/null; then
+if [ "$has_torch" = no ]; then
   log "no torch found: installing torch 2.14.1 + torchvision 0.29.1 (for a CUDA build, install it first)"
   "${pip[@]}" install -q torch==2.14.1 torchvision==0.29.1
 fi
