@@ -1,6 +1,7 @@
 # ImageNet-1k classifier with the official head layout; evaluates a converted official checkpoint
 # (tools/model_converters/convert.py, then tools/test.py) or trains 300 epochs, with EVT-L.
-# Recipe: RMT ImageNet recipe (AdamW 1e-3, wd 0.05, batch 1024); backbone settings in _base_/backbones/evt_l.py.
+# Recipe: EVT paper ImageNet settings, section 4.1 (AdamW 1e-3, wd 0.05, batch 1024); backbone settings in
+# _base_/backbones/evt_l.py.
 # Written by tools/misc/generate_configs.py from mmvisatt/recipes.py and mmvisatt/task_configs.py: edit those, not
 # this.
 _base_ = [

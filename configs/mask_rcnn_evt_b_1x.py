@@ -1,8 +1,9 @@
 # Mask R-CNN + FPN, 1x schedule (12 epochs), single-scale COCO instance training, with EVT-B.
 # Recipe: borrowed from RMT-B Mask R-CNN 1x (qhfan/RMT@32ea214:detect/configs/RMT/maskrcnn_m_1x.py); AdamW 0.0004, wd
 # 0.05, total batch 16 = 8 GPUs x 2, fp16 AMP (dynamic loss scale).
-# Why: EVT published no downstream recipes; those of RMT of the same size, whose macro design (conv stem, decayed
-# attention, ConvFFN) EVT keeps.
+# Why: EVT published no downstream recipes (its paper names MMDetection, AdamW, 1x and 3x + MS, and Swin / PVT's
+# ADE20K schedules); those of RMT of the same size, the network EVT extends (conv stem, CPE, decayed attention), with
+# EVT's drop path.
 # Every value with its source line, and each deviation with its reason: docs/recipes.md. Backbone settings in
 # _base_/backbones/evt_b.py.
 # Written by tools/misc/generate_configs.py from mmvisatt/recipes.py and mmvisatt/task_configs.py: edit those, not

@@ -1,8 +1,9 @@
 # UperNet (+ FCN auxiliary head), 160k iterations, ADE20K 512x512, with EVT-B.
 # Recipe: borrowed from RMT-B UperNet 160k (qhfan/RMT@32ea214:segmentation/configs/RMT/RMT_Uper_m_2x.py); AdamW 6e-05,
 # wd 0.01, total batch 16 = 8 GPUs x 2, fp16 AMP (static loss scale 512).
-# Why: EVT published no downstream recipes; those of RMT of the same size, whose macro design (conv stem, decayed
-# attention, ConvFFN) EVT keeps.
+# Why: EVT published no downstream recipes (its paper names MMDetection, AdamW, 1x and 3x + MS, and Swin / PVT's
+# ADE20K schedules); those of RMT of the same size, the network EVT extends (conv stem, CPE, decayed attention), with
+# EVT's drop path.
 # Every value with its source line, and each deviation with its reason: docs/recipes.md. Backbone settings in
 # _base_/backbones/evt_b.py.
 # Written by tools/misc/generate_configs.py from mmvisatt/recipes.py and mmvisatt/task_configs.py: edit those, not

@@ -15,8 +15,8 @@ import torch.nn as nn
 from mmengine.config import Config
 from mmengine.registry import MODELS, DefaultScope, init_default_scope
 
-from mmvisatt.apis.inference import drop_pretrained_init
 from mmvisatt.checkpoint import read_checkpoint, unwrap_state_dict
+from mmvisatt.checkpoint.fit import drop_pretrained_init
 from mmvisatt.checkpoint.loading import load_into
 
 OPSET = 18

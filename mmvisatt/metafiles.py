@@ -100,9 +100,16 @@ def _model(token: str, preset: Config, recipe: Recipe, zoo: dict) -> dict:
         metrics = {m: v for m, v in (paper.metrics.items() if paper else ()) if m in _TASK_METRICS[task]}
         if metrics:
             results.append({'Task': task, 'Dataset': dataset, 'Metrics': metrics})
+        # a metric named '<dataset> <metric>' is the same model evaluated on another dataset (robustness sets)
+        for name_metric, value in (paper.metrics.items() if paper else ()):
+            other, _, metric = name_metric.rpartition(' ')
+            if other and metric in _TASK_METRICS[task]:
+                results.append({'Task': task, 'Dataset': other, 'Metrics': {metric: value}})
     if results:
         entry['Results'] = results
         entry['Results source'] = paper.source
+        if paper.note:
+            entry['Results note'] = paper.note
     weights = _weights_url(preset.pretrained_source) if key == 'imagenet' else None
     if weights:
         entry['Weights'] = weights

@@ -126,6 +126,8 @@ def _adamw(lr: float, weight_decay: float, betas: bool = True) -> Dict[str, obje
 # RMT (official det/seg configs for T/S/B/L; the file names use m for B) and EVT (no recipes: RMT's of its size)
 
 _RMT_DP = {'t': 0.1, 's': 0.15, 'b': 0.4, 'l': 0.5}
+# the EVT paper's stochastic depth (section 4.1; the RMT configs use their ImageNet values downstream too)
+_EVT_DP = {'t': 0.1, 's': 0.15, 'b': 0.4, 'l': 0.55}
 _RMT_FILE = {'t': 't', 's': 's', 'b': 'm', 'l': 'l'}
 _RMT_BACKBONE = dict(norm_cfg=SYNC_BN)
 _RMT_COMMON = ('the stem and downsampling BatchNorms are nn.SyncBatchNorm in training mode '
@@ -228,8 +230,10 @@ def rmt_recipes(token: str, size: str) -> Dict[str, TrainRecipe]:
                            drop_path_rate=_RMT_DP[size])
         out[recipe] = entry
     if token.startswith('evt'):
-        out = {k: borrow(v, 'EVT published no downstream recipes; those of RMT of the same size, whose macro '
-                            'design (conv stem, decayed attention, ConvFFN) EVT keeps', checkpoint_key=None)
+        out = {k: borrow(v, 'EVT published no downstream recipes (its paper names MMDetection, AdamW, 1x and 3x + MS, '
+                            'and Swin / PVT\'s ADE20K schedules); those of RMT of the same size, the network EVT '
+                            'extends (conv stem, CPE, decayed attention), with EVT\'s drop path',
+                         checkpoint_key=None, drop_path_rate=_EVT_DP[size])
                for k, v in out.items()}
     return out
 
@@ -346,7 +350,7 @@ def _fan_segformer(size: str) -> TrainRecipe:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Swin-shaped (ReSwin-T/S/B, EVT-Swin-T): the official Swin detection recipes and mmseg's Swin UperNet
+# Swin-shaped (ReSwin-T/S/B, EVT-Swin-T/S/B): the official Swin detection recipes and mmseg's Swin UperNet
 
 def _swin_det(name: str, recipe: str, drop_path: float) -> TrainRecipe:
     three = recipe.endswith('3x')
@@ -543,7 +547,9 @@ def _family_recipes(token: str) -> Dict[str, TrainRecipe]:
     if form in ('rmt', 'evt'):
         return rmt_recipes(token, size)
     if form == 'evt_swin':
-        return swin_recipes(token, 'EVT-Swin-T', dict(det=0.2, seg=0.3), {})
+        # Swin-T/S/B's drop path, as ReSwin of the same size
+        dp = {'t': dict(det=0.2, seg=0.3), 's': dict(det=0.3, seg=0.3), 'b': dict(det=0.3, seg=0.3)}[size]
+        return swin_recipes(token, f'EVT-Swin-{size.upper()}', dp, {})
     if form.startswith('fan_'):
         return fan_recipes(token, form[4:], size)
     if form == 'reswin':
@@ -575,4 +581,79 @@ def recipe_for(token: str, recipe: str) -> TrainRecipe:
     return recipes[recipe]
 
 
-__all__ = ['GPUS', 'SCHEDULES', 'DENSE_RECIPES', 'Schedule', 'TrainRecipe', 'borrow', 'recipe_for']
+# ---------------------------------------------------------------------------------------------------------------
+# Where a paper and its released code disagree. The configs follow the code whose weights were released (the
+# weights are what users start from), and say so; docs/recipes.md lists both sides.
+
+@dataclass(frozen=True)
+class PaperVsCode:
+    model: str
+    setting: str
+    paper: str  # what the paper states, with the seed (shared/seeds) and section
+    code: str  # what the released code does, with its source
+    config: str  # what our configs use
+    why: str
+
+
+_REVIT_SEED = 'ReViT paper (seed 000), Implementation Details'
+PAPER_VS_CODE: Tuple[PaperVsCode, ...] = (
+    PaperVsCode('ReViT-B', 'ImageNet batch, gradient clipping',
+                f'Adam, lr 1e-3, 30 warmup epochs, effective batch 4096, weight decay 0.3, gradient clipping '
+                f'({_REVIT_SEED})',
+                'lr 1e-3 at effective batch 8192 (base 6.25e-5 x 256 x 2 GPUs x accumulation 16 / 512), no gradient '
+                'clipping (ADiko1997/ReViT ImageNet config; reference/revit.md §1d)',
+                'the code: batch 8192, lr 1e-3, no clipping (`configs/imagenet_revit_b.py`)',
+                'the released ReViT-B weights come from that run; `--auto-scale-lr` rescales the lr for a batch of '
+                '4096'),
+    PaperVsCode('ReSwin-T', 'ImageNet lr, gradient clipping',
+                f'AdamW, lr 1e-3, 20 warmup epochs, batch 1024, weight decay 0.05, gradient clipping ({_REVIT_SEED})',
+                'lr 5e-4 (base 2.5e-4 x 1024 / 512) at batch 1024, no gradient clipping (reference/revit.md §1d)',
+                'the code: lr 5e-4, no clipping (`configs/imagenet_reswin_t.py`)',
+                'the released ReSwin-T weights come from that run'),
+    PaperVsCode('ReMViTv2-T', 'ImageNet batch, weight decay',
+                f'AdamW, lr 2e-3, 70 warmup epochs, effective batch 2048, weight decay 0.1, gradient clipping '
+                f'({_REVIT_SEED})',
+                'lr 2e-3 at effective batch 4096 (base 2.5e-4 x 256 x 2 GPUs x accumulation 8 / 512), weight decay '
+                '0.05, gradient clipping 1.0 (reference/revit.md §1d)',
+                'the code: batch 4096, weight decay 0.05, clipping 1.0 (`configs/imagenet_remvit_t.py`)',
+                'the released ReMViTv2-T weights come from that run'),
+    PaperVsCode('ReSwin-T, ReMViTv2-T', 'detection schedule',
+                f'AdamW with a linear schedule of learning-rate decay, 36 epochs; ReSwin-T lr 1e-4, weight decay '
+                f'0.05, batch 16; ReMViTv2-T lr 1.6e-4, weight decay 0.1, batch 64 ({_REVIT_SEED})',
+                'the official Swin Cascade Mask R-CNN 3x (steps at epochs 27 and 33 after a linear warmup) and '
+                'Detectron2\'s MViTv2-T Mask R-CNN 3x (steps at 52,500 and 62,500 of 67,500 iterations), which the '
+                'paper says it trains with ("the same configuration as their official reports")',
+                'the step schedules (`cascade_mask_rcnn_reswin_t_3x.py`, `mask_rcnn_remvit_t_3x.py`); lr, weight '
+                'decay and batch agree with the paper',
+                'no ReViT detection config was released; the "linear" schedule matches only the warmup of the '
+                'official files the paper names'),
+    PaperVsCode('ReMViTv2-T', 'depth',
+                f'MViTv2-T and Swin-T "each with 12 layers" ({_REVIT_SEED})',
+                'MViTv2-T has 10 blocks (1-2-5-2) in facebookresearch/mvit and in ADiko1997/ReViT; Swin-T has 12 '
+                '(2-2-6-2)', 'the code: `ReMViTv2(arch=\'t\')` has 1-2-5-2',
+                'the released ReMViTv2-T weights have 10 blocks (24.17M parameters, equal to the official count)'),
+    PaperVsCode('RMT-T/S/B/L', 'detection lr and batch',
+                'lr 1e-4, batch 16 (RMT paper v5; reference/rmt_evt.md §4.2)',
+                'AdamW lr 4e-4 (T/S/B 1x, S 3x) or 2e-4 (L 1x, B/L 3x), 8 GPUs x 2 images (qhfan/RMT '
+                'detect/configs/RMT; reference/rmt_evt.md §4.2)',
+                'the code\'s values (`mask_rcnn_rmt_*`, `cascade_mask_rcnn_rmt_*`, `retinanet_rmt_*`)',
+                'the configs the authors released and ran'),
+    PaperVsCode('RMT-T/S/B/L', 'how the decay is applied',
+                'the attention is softmax(Q K^T) multiplied by D (RMT paper v5 eq. 5; reference/rmt_evt.md §2)',
+                'log D is added to the logits before the softmax, i.e. softmax(Q K^T) * D renormalised per row '
+                '(qhfan/RMT; the author confirms it in issue #21)',
+                'the code (RMT; EVT does the same with its Euclidean D)',
+                'parity with the released weights; the renormalised form keeps each row a distribution'),
+    PaperVsCode('RMT-T', 'which stages decompose MaSA',
+                'the first three stages (RMT paper v5; reference/rmt_evt.md §2)',
+                'stages 1-2 only for RMT-T (`RMT_T3`), stages 1-3 for S/B/L',
+                'the code', 'parity with the released RMT-T weights'),
+    PaperVsCode('RMT', 'stem',
+                'five 3x3 convolutions (RMT paper v5 App. A; reference/rmt_evt.md §2)',
+                'four 3x3 convolutions (qhfan/RMT `PatchEmbed`)', 'the code (RMT and EVT)',
+                'parity with the released weights'),
+)
+
+
+__all__ = ['GPUS', 'PAPER_VS_CODE', 'SCHEDULES', 'DENSE_RECIPES', 'PaperVsCode', 'Schedule', 'TrainRecipe', 'borrow',
+           'recipe_for']

@@ -17,7 +17,7 @@ from typing import Any, Dict, List, Tuple
 
 from mmengine.config import Config
 
-from .recipes import GPUS, SCHEDULES, TrainRecipe, recipe_for
+from .recipes import GPUS, PAPER_VS_CODE, SCHEDULES, TrainRecipe, recipe_for
 
 
 @dataclass(frozen=True)
@@ -326,4 +326,12 @@ def recipes_page(config_dir: str) -> str:
             if values.reported:
                 lines.append(f'  - reported: {values.reported}')
         lines.append('')
+    lines += ['## Paper against released code', '',
+              'Where a paper and the code its authors released disagree, the configs follow the code whose weights '
+              'were released (those weights are where users start), and this table says so. The papers\' texts '
+              'are the source documents in `shared/seeds/` (the project\'s reference notes for RMT paper v5); '
+              '`tests/test_seed_facts.py` pins the paper values.', '',
+              '| model | setting | the paper | the released code | our configs | why |', '|' + ' --- |' * 6]
+    lines += [f'| {r.model} | {r.setting} | {r.paper} | {r.code} | {r.config} | {r.why} |' for r in PAPER_VS_CODE]
+    lines.append('')
     return '\n'.join(lines)

@@ -34,10 +34,12 @@ def test_imagenet_config_gives_official_logits(case, config, family, tmp_path):
     tap = parity_model(meta, official)
 
     cfg = Config.fromfile(osp.join(CONFIGS, config))
-    # the fixture's (small) architecture inside the config's classifier: head layout, output index and neck stay
+    # the fixture's (small) shape inside the config's own backbone: the config's residual mode (the mode the released
+    # weights were trained in), head layout, output index and neck stay
     out_indices = cfg.model.backbone.out_indices
     assert tap.backbone.out_indices[tap.pool_index] == out_indices[-1]
-    cfg.model.backbone = dict(tap.backbone_cfg, out_indices=out_indices, init_cfg=None)
+    shape = {k: v for k, v in tap.backbone_cfg.items() if k not in ('type', 'residual_mode', 'out_indices')}
+    cfg.model.backbone = dict(cfg.model.backbone, **shape, out_indices=out_indices, init_cfg=None)
     cfg.model.head.num_classes = meta['logits_shape'][-1]
     cfg.model.head.in_channels = tap.head.in_features
     with DefaultScope.overwrite_default_scope('mmpretrain'):

@@ -22,30 +22,55 @@ def _set_fused(model, fused: bool) -> None:
             m.fused = fused
 
 
+def _count(model, skip=()) -> int:
+    return sum(p.numel() for k, p in model.named_parameters() if not k.startswith(skip))
+
+
+def test_block_is_cpe_eusa_classic_ffn():
+    """Section 3.2: CPE + EuSA + the classic FFN; nothing of RMT's block that the text does not name (no LCE in
+    the attention, no depthwise conv in the FFN, no rotary phase, no layer scale)."""
+    model = EVT(arch='t')
+    block = model.stages[0].blocks[0]
+    assert isinstance(block.cpe, torch.nn.Conv2d) and block.cpe.groups == block.cpe.in_channels == 64
+    assert isinstance(block.attn, EuclideanSelfAttention)
+    weighted = [n for n, m in block.ffn.named_modules() if isinstance(m, (torch.nn.Linear, torch.nn.Conv2d))]
+    assert weighted == ['fc1', 'fc2'] and isinstance(block.ffn.act, torch.nn.GELU)
+    names = [k for k, _ in model.named_parameters()]
+    assert not any('lce' in k or 'dwconv' in k or 'gamma_' in k or 'rotary' in k for k in names)
+    assert not any(k.endswith('.angle') for k, _ in model.named_buffers())
+
+
 @pytest.mark.parametrize('arch', ['t', 'evt_s', 'b', 'l'])
-def test_presets_have_rmt_shapes(arch):
-    """EVT-T/S/B/L are RMT-T/S/B/L with EuSA: the same parameters (the decays and RMT's rotary are buffers)."""
+def test_presets_follow_rmt_with_eusa(arch):
+    """EVT-T/S/B/L: RMT's widths and heads of the same size; EuSAg / EuSAd in stages 1-3, full EuSA in stage 4."""
     evt, rmt = EVT(arch=arch), RMT(arch=arch.replace('evt_', ''))
     assert evt.num_features == rmt.num_features
-    assert sum(p.numel() for p in evt.parameters()) == sum(p.numel() for p in rmt.parameters())
+    assert [s.decay.log_gamma.numel() for s in evt.stages] == [s.decay.log_gamma.numel() for s in rmt.stages]
     modes = [s.modes for s in evt.stages]
-    assert all(set(m) == {'grouped', 'dilated'} or m == ['grouped'] for m in modes[:3])
+    assert all(set(m) == {'grouped', 'dilated'} for m in modes[:3])
     assert set(modes[3]) == {'full'}
 
 
-def test_swin_t_is_swin_with_eusa():
-    """evt_swin_t = timm's Swin-T without its relative-position tables and classifier, plus our four output
-    norms in place of Swin's final norm."""
+def test_evt_t_is_deeper_than_rmt_t():
+    evt, rmt = EVT(arch='t'), RMT(arch='t')
+    assert sum(len(s.blocks) for s in evt.stages) > sum(len(s.blocks) for s in rmt.stages)
+
+
+@pytest.mark.parametrize('size', ['t', 's', 'b'])
+def test_swin_forms_are_swin_with_eusa(size):
+    """evt_swin_<size> = timm's Swin-<size> without its relative-position tables and classifier, plus our four
+    output norms in place of Swin's final norm; (S)W-MSA -> EuSAg / EuSAd, the last stage full EuSA."""
     timm = importlib.import_module('timm')
-    model = EVT(arch='evt_swin_t')
-    swin = timm.create_model('swin_tiny_patch4_window7_224', pretrained=False)
-    swin_count = sum(p.numel() for k, p in swin.named_parameters()
-                     if 'relative_position_bias_table' not in k and not k.startswith(('head', 'norm.')))
-    ours = sum(p.numel() for k, p in model.named_parameters() if not k.startswith('norm'))
-    assert ours == swin_count
-    assert model.num_features == [96, 192, 384, 768]
-    assert isinstance(model.stages[0].blocks[0], SwinEuSABlock) and model.stages[0].blocks[0].attn.lce is None
-    assert [b.attn.mode for b in model.stages[2].blocks] == ['grouped', 'dilated'] * 3
+    width = {'t': 'tiny', 's': 'small', 'b': 'base'}[size]
+    model = EVT(arch=f'evt_swin_{size}')
+    swin = timm.create_model(f'swin_{width}_patch4_window7_224', pretrained=False)
+    swin_count = _count(swin, ('head', 'norm.')) - sum(
+        p.numel() for k, p in swin.named_parameters() if 'relative_position_bias_table' in k)
+    assert _count(model, ('norm', )) == swin_count
+    assert model.num_features == [swin.feature_info[i]['num_chs'] for i in range(4)]
+    assert isinstance(model.stages[0].blocks[0], SwinEuSABlock) and not hasattr(model.stages[0].blocks[0], 'cpe')
+    assert [b.attn.mode for b in model.stages[2].blocks] == ['grouped', 'dilated'] * (len(model.stages[2].blocks) // 2)
+    assert set(model.stages[3].modes) == {'full'}
 
 
 def test_euclidean_masks():
@@ -96,7 +121,7 @@ def test_grouped_attention_equals_masked_full_attention(mode):
     attention elsewhere; padding (5x9 tokens in groups of 7) changes nothing."""
     torch.manual_seed(0)
     H, W, size = 5, 9, 7
-    attn = EuclideanSelfAttention(8, 2, mode, lce=False, fused=False).double()
+    attn = EuclideanSelfAttention(8, 2, mode, fused=False).double()
     decay = SpatialDecay(2, 2, 4).double()
     groups, bias = decay.groups(H, W, size, mode, torch.float64)
     x = torch.randn(2, H, W, 8, dtype=torch.float64)

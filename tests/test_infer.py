@@ -1,8 +1,10 @@
 """tools/infer.py and mmvisatt.apis: a checkpoint trained with ``--demo`` draws its detections / segmentation on
 demo images, with the class names stored in the checkpoint; checkpoints that do not fit are refused."""
 import os.path as osp
+import shutil
 import subprocess
 
+import cv2
 import mmcv
 import numpy as np
 import pytest
@@ -98,6 +100,26 @@ def test_infer_detection_demo_checkpoint(demo_det_run, tiny_det_config, tmp_path
     assert predictor.classes == DEMO_COCO_CLASSES
     (result, ) = predictor.run(image, str(tmp_path / 'none'), score_thr=1.0)
     assert result.summary == [] and _changed_fraction(mmcv.imread(result.out_file), image) == 0
+
+    # a folder with a bad file of each kind: each is named and skipped, the good image is still drawn
+    folder = tmp_path / 'mixed'
+    folder.mkdir()
+    shutil.copy(image, folder / 'good.png')
+    (folder / 'empty.png').write_bytes(b'')
+    (folder / '._good.png').write_bytes(b'\x00\x05\x16\x07' + bytes(200))
+    (folder / 'cut.jpg').write_bytes(cv2.imencode('.jpg', mmcv.imread(image))[1].tobytes()[:300])
+    results = predictor.run(str(folder), str(tmp_path / 'mixed_out'), score_thr=1.0)
+    assert [osp.basename(r.image) for r in results] == ['good.png']
+    bad = folder / 'empty.png'
+    bad.unlink()
+    (folder / 'good.png').unlink()
+    with pytest.raises(InferenceError, match=r'none of the 2 images could be read'):
+        predictor.run(str(folder), str(tmp_path / 'mixed_out'))
+    from mmvisatt.apis.inference import unreadable_image
+    assert 'macOS metadata file' in unreadable_image(str(folder / '._good.png'))
+    assert 'is truncated' in unreadable_image(str(folder / 'cut.jpg'))
+    (folder / 'empty.png').write_bytes(b'')
+    assert 'empty file' in unreadable_image(str(folder / 'empty.png'))
 
     with pytest.raises(InferenceError, match=r"3 classes \('square', 'circle', 'triangle'\).*needs --demo"):
         Predictor(tiny_det_config, checkpoint, device='cpu')

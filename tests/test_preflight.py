@@ -232,6 +232,47 @@ def test_missing_annotation_keys_are_named(tmp_path):
         preflight(_det_cfg(tmp_path), 'mmdet')
 
 
+def test_boxes_written_as_corners_are_refused(tmp_path):
+    """[x1, y1, x2, y2] instead of [x, y, w, h]: the polygons (and the image) contradict every box."""
+    corners = [_ann(1, bbox=(10, 8, 30, 20), segmentation=_polygon(10, 8, 20, 12)),
+               _ann(2, image=2, cat=2, bbox=(20, 15, 50, 40), segmentation=_polygon(20, 15, 30, 25))]
+    _coco_folder(tmp_path, anns=corners)
+    with pytest.raises(AnnotationError, match=r'2 of 2 boxes .* read as \[x1, y1, x2, y2\].*width = x2 - x1'):
+        preflight(_det_cfg(tmp_path), 'mmdet')
+    # boxes without polygons that reach past the image while their sizes fit it as coordinates
+    _coco_folder(tmp_path, anns=[_ann(1, bbox=(30, 20, 50, 40), segmentation=None)])
+    with pytest.raises(AnnotationError, match=r'1 of 1 boxes'):
+        preflight(_det_cfg(tmp_path, config='retinanet_reswin_t_1x.py'), 'mmdet')
+
+
+def test_an_evaluation_file_without_annotations_is_refused(tmp_path):
+    _coco_folder(tmp_path)
+    _coco_folder(tmp_path, anns=[], name='val.json')
+    cfg = _det_cfg(tmp_path, **{'val_dataloader.dataset.ann_file': 'val.json',
+                                'val_evaluator.ann_file': str(tmp_path / 'val.json')})
+    with pytest.raises(AnnotationError, match=r'val.json \(val_dataloader.dataset\) has 2 images but no annotations: '
+                                              r'COCO evaluation would report -1'):
+        preflight(cfg, 'mmdet', ('train_dataloader', 'val_dataloader'))
+
+
+def test_duplicate_image_ids_are_refused(tmp_path):
+    path = _coco_folder(tmp_path)
+    data = json.loads(open(path).read())
+    data['images'][1]['id'] = 1
+    open(path, 'w').write(json.dumps(data))
+    with pytest.raises(AnnotationError, match=r'1 image ids occur more than once \(e.g. 1\).*Renumber'):
+        preflight(_det_cfg(tmp_path), 'mmdet')
+
+
+def test_classes_written_as_a_string_get_the_tuple(tmp_path):
+    _coco_folder(tmp_path, anns=[_ann(1), _ann(2, image=2)], categories=('square', ))
+    with pytest.raises(AnnotationError) as error:
+        preflight(_det_cfg(tmp_path, classes='square', heads=False), 'mmdet')
+    assert "classes is the string 'square'" in str(error.value)
+    assert "classes=('square',) with a trailing comma" in str(error.value)
+    assert 'num_classes=6' not in str(error.value)
+
+
 def test_the_pre_flight_runs_before_the_runner(tmp_path, tiny_det_config):
     _coco_folder(tmp_path)
     options = [f'{s}_dataloader.dataset.{k}={v}' for s in ('train', 'val') for k, v in

@@ -155,6 +155,24 @@ def test_atomic_write_keeps_the_old_file_when_the_write_dies(tmp_path, monkeypat
     assert target.stat().st_mode & 0o777 == 0o666 & ~umask  # as open() would create it, not mkstemp's 0600
 
 
+@pytest.mark.parametrize('code, cause', [(28, 'the disk is full'),
+                                         (27, 'the file is larger than the file system allows')])
+def test_a_failed_checkpoint_write_names_the_file_and_size(tmp_path, monkeypatch, code, cause):
+    from mmvisatt.engine.reliability import CheckpointWriteError
+    target = tmp_path / 'epoch_3.pth'
+    atomic_write(b'old complete checkpoint', str(target))
+
+    def full(fd):
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(os, 'fsync', full)
+    with pytest.raises(CheckpointWriteError) as error:
+        atomic_write(b'x' * 3 * 2 ** 20, str(target))
+    message = str(error.value)
+    assert f'could not write {target} (3.0 MiB): {cause}' in message and 'GiB free on' in message
+    assert target.read_bytes() == b'old complete checkpoint' and os.listdir(tmp_path) == ['epoch_3.pth']
+
+
 def _write_checkpoints(work_dir, steps):
     for step in steps:
         torch.save({'meta': {'iter': step}, 'state_dict': {'w': torch.full((64,), float(step))}},
@@ -758,6 +776,9 @@ def test_a_process_group_that_never_fills_says_what_it_waits_for(tiny_det_config
     assert (f'process group not formed after 3 s: rank 0 of WORLD_SIZE=2 is waiting for the other processes at '
             f'127.0.0.1:{port}') in proc.stderr
     assert 'env_cfg.dist_cfg.init_timeout=SECONDS' in proc.stderr and time.time() - start < 240
+    # said at once, before the wait
+    waiting = proc.stderr.index(f'rank 0 of WORLD_SIZE=2: waiting for all 2 processes at 127.0.0.1:{port} (up to 3 s')
+    assert waiting < proc.stderr.index('process group not formed')
 
 
 def test_a_syntax_error_in_an_inherited_file_names_it(tmp_path):
@@ -807,3 +828,88 @@ def test_moved_data_with_a_stale_evaluator_file_is_refused(tmp_path):
     with pytest.raises(AnnotationError, match='test_evaluator.ann_file is data/coco'):
         cfg.merge_from_dict({'test_dataloader.dataset.data_root': 'data/my_set/'})
         check_evaluator_files(cfg)
+
+
+def test_load_from_a_backbone_only_file_is_refused(tiny_det_config, tmp_path):
+    """An ImageNet backbone file as load_from would match no key of the detector: refused, pointing to init_cfg."""
+    from mmvisatt.checkpoint import CheckpointMismatchError
+    from mmvisatt.models.backbones.revit import ReSwinTransformer
+    backbone = ReSwinTransformer(arch=dict(embed_dims=16, depths=(1, 1, 1, 1), num_heads=(1, 1, 2, 2)))
+    official = {k: v for k, v in backbone.state_dict().items() if not k.startswith(('norm0', 'norm1', 'norm2'))}
+    path = tmp_path / 'imagenet.pth'
+    torch.save({'model': official}, path)
+    with pytest.raises(CheckpointMismatchError) as error:
+        entrypoints.prepare_train([tiny_det_config, '--demo', '--work-dir', str(tmp_path / 'w'), '--cfg-options',
+                                   f'load_from={path}'])
+    message = str(error.value)
+    assert str(path) in message and 'a reswin backbone alone' in message
+    assert f'model.backbone.init_cfg.checkpoint={path}' in message
+    # a whole detector's file passes
+    torch.save({'state_dict': {'backbone.' + k: v for k, v in backbone.state_dict().items()}}, tmp_path / 'det.pth')
+    entrypoints.prepare_train([tiny_det_config, '--demo', '--work-dir', str(tmp_path / 'w'), '--cfg-options',
+                               f'load_from={tmp_path / "det.pth"}'])
+
+
+def test_a_swin_v2_file_is_not_converted_as_reswin(tmp_path):
+    state = {'layers.0.blocks.0.attn.qkv.weight': torch.zeros(48, 16), 'layers.0.blocks.0.attn.logit_scale':
+             torch.zeros(1, 1, 1), 'layers.0.blocks.0.attn.cpb_mlp.0.weight': torch.zeros(512, 2)}
+    torch.save({'model': state}, tmp_path / 'swinv2.pth')
+    sys.path.insert(0, osp.join(REPO, 'tools', 'model_converters'))
+    import convert
+    with pytest.raises(SystemExit) as error:
+        convert.main([str(tmp_path / 'swinv2.pth'), str(tmp_path / 'out.pth'), '--family', 'reswin'])
+    assert f'{tmp_path / "swinv2.pth"}: a Swin Transformer V2 checkpoint' in str(error.value.code)
+    assert not (tmp_path / 'out.pth').exists()
+
+
+def test_home_relative_checkpoint_paths(tmp_path, monkeypatch):
+    """~/... is the user's home for init_cfg, load_from, tools/test.py and the pre-flight's existence check."""
+    from mmvisatt.engine.checks import check_pretrained
+    monkeypatch.setenv('HOME', str(tmp_path))
+    torch.save({'state_dict': {'w': torch.ones(1)}}, tmp_path / 'weights.pth')
+    cfg = Config(dict(model=dict(backbone=dict(init_cfg=dict(type='Pretrained', checkpoint='~/weights.pth')))))
+    check_pretrained(cfg)
+    entrypoints.check_model_files(cfg)
+
+
+def test_resume_from_a_missing_file_is_named(tiny_det_config, tmp_path):
+    from mmvisatt.engine.checks import MissingCheckpointError
+    with pytest.raises(MissingCheckpointError, match=r'--resume work_dirs/nothing/epoch_3.pth: no such file'):
+        entrypoints.train_main([tiny_det_config, '--demo', '--work-dir', str(tmp_path), '--resume',
+                                'work_dirs/nothing/epoch_3.pth'])
+
+
+def test_imagenet_folders_without_class_folders_are_named(tmp_path):
+    from mmvisatt.engine.checks import MissingDataError, check_data
+    cfg = Config.fromfile(osp.join(REPO, 'configs', 'imagenet_reswin_t.py'))
+    for split in ('train', 'val'):
+        (tmp_path / split).mkdir()
+        cfg[f'{split}_dataloader'].dataset.update(data_root=str(tmp_path), data_prefix=split, ann_file='')
+    cv2.imwrite(str(tmp_path / 'val' / 'ILSVRC2012_val_00000001.JPEG'), np.zeros((8, 8, 3), np.uint8))
+    (tmp_path / 'train' / 'n01440764').mkdir()
+    with pytest.raises(MissingDataError) as error:
+        check_data(cfg, ('train_dataloader', 'val_dataloader'))
+    message = str(error.value)
+    assert f'{tmp_path / "val"} holds 1 images but no class sub-folders' in message
+    assert 'val_dataloader.dataset.ann_file=' in message and '--demo' not in message
+    # a missing ImageNet does not suggest --demo, which classification configs do not have
+    cfg.val_dataloader.dataset.data_root = str(tmp_path / 'nowhere')
+    with pytest.raises(MissingDataError) as error:
+        check_data(cfg, ('val_dataloader', ))
+    assert '--demo' not in str(error.value)
+
+
+def test_cityscapes_without_train_ids_names_the_converter(tmp_path):
+    from PIL import Image
+    from mmvisatt.engine.preflight import preflight
+    cfg = Config.fromfile(osp.join(REPO, 'configs', 'segformer_fan_hybrid_t_160k_cityscapes.py'))
+    (tmp_path / 'leftImg8bit' / 'train' / 'aachen').mkdir(parents=True)
+    (tmp_path / 'gtFine' / 'train' / 'aachen').mkdir(parents=True)
+    name = 'aachen_000000_000019'
+    Image.new('RGB', (32, 16)).save(tmp_path / 'leftImg8bit' / 'train' / 'aachen' / f'{name}_leftImg8bit.png')
+    Image.new('L', (32, 16)).save(tmp_path / 'gtFine' / 'train' / 'aachen' / f'{name}_gtFine_labelIds.png')
+    cfg.train_dataloader.dataset.update(data_root=str(tmp_path), data_prefix=dict(img_path='leftImg8bit/train',
+                                                                                  seg_map_path='gtFine/train'))
+    with pytest.raises(AnnotationError, match=r'aachen_000000_000019_gtFine_labelIds.png does: .*'
+                                              r'tools/dataset_converters/cityscapes.py'):
+        preflight(cfg, 'mmseg', ('train_dataloader', ))

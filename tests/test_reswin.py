@@ -39,7 +39,7 @@ def test_alpha_one_equals_timm_swin_tiny():
     with torch.no_grad():  # no component close to identity
         for p in reference.parameters():
             p.add_(torch.randn_like(p) * (0.02 if p.dim() > 1 else 0.1))
-    model = ReSwinTransformer(arch='t').double().eval()
+    model = ReSwinTransformer(arch='t', residual_mode='aligned').double().eval()
     _load_timm_weights(model, reference)
     with torch.no_grad():
         model.alpha.fill_(1.0)

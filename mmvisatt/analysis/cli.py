@@ -14,7 +14,7 @@ from typing import Callable, List, Optional, Sequence
 import torch
 from mmengine.config import DictAction
 
-from mmvisatt.checkpoint import CheckpointMismatchError, registered_families
+from mmvisatt.checkpoint import CheckpointMismatchError, UnsafeCheckpointError, registered_families
 
 from .attention_maps import attention_maps
 from .capture import UnsupportedModelError
@@ -24,7 +24,8 @@ from .non_locality import non_locality
 from .plotting import plot_attention_map, plot_feature_collapse, plot_non_locality
 from .summary import format_summary, model_summary, residual_gates
 
-_EXPECTED_ERRORS = (UnsupportedModelError, CheckpointMismatchError, FileNotFoundError, ValueError, KeyError)
+_EXPECTED_ERRORS = (UnsupportedModelError, CheckpointMismatchError, UnsafeCheckpointError, FileNotFoundError,
+                    ValueError, KeyError)
 
 
 def _parser(description: str, images: bool = True, max_images: int = 16) -> argparse.ArgumentParser:

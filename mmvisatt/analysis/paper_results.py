@@ -42,7 +42,8 @@ _FAN_GMACS = 'reference/fan.md §1: official code measured with torch.utils.flop
 _SHUNTED_GMACS = 'reference/shunted.md §1: computed on the official module tree at 224, attention matmuls included'
 _RMT_GMACS = ('reference/rmt_evt.md §1.2: analytic count on the official code at 224 (about 6% above the README; '
               'cause unexplained)')
-_EVT_NONE = 'not reported: EVT (arXiv 2604.18549) has no public code or tables (reference/rmt_evt.md §3)'
+_EVT_NONE = ('not reported: EVT (arXiv 2604.18549) has no public code, and its parameter table (Table 5) is lost from '
+             'the text (reference/rmt_evt.md §3); docs/evt.md gives ours')
 
 OFFICIAL: Dict[str, OfficialClassifier] = {
     'revit_b': OfficialClassifier('ReViT-B', 86566121, _REVIT_COUNTS),
@@ -87,6 +88,7 @@ NO_OFFICIAL_COUNT: Dict[str, str] = {
     'remvit_s': 'not reported: the ReViT repo releases ReMViTv2-T only (reference/revit.md §1-2)',
     'remvit_b': 'not reported: the ReViT repo releases ReMViTv2-T only (reference/revit.md §1-2)',
     'evt_t': _EVT_NONE, 'evt_s': _EVT_NONE, 'evt_b': _EVT_NONE, 'evt_l': _EVT_NONE, 'evt_swin_t': _EVT_NONE,
+    'evt_swin_s': _EVT_NONE, 'evt_swin_b': _EVT_NONE,
 }
 
 _REVIT_README = 'ReViT README (ADiko1997/ReViT), ImageNet-1k 224; reference/revit.md §2'
@@ -95,6 +97,10 @@ _RMT_README = 'RMT README (qhfan/RMT), ImageNet-1k 224; reference/rmt_evt.md §1
 _SHUNTED_README = 'Shunted README (OliverRensu/Shunted-Transformer), ImageNet 224; reference/shunted.md §1'
 _RMT_DET = 'RMT paper Tables 2-4 (image detect/RMT_det.png in qhfan/RMT); reference/rmt_evt.md §4.1'
 _RMT_SEG = 'RMT paper Table 5 (image segmentation/seg_res.png in qhfan/RMT); reference/rmt_evt.md §4.1'
+_EVT_PAPER = 'EVT paper (arXiv 2604.18549; full text shared/seeds/003_48b467d1b16ca2f7.txt) §{}'
+# how sure the mapping from the paper's size name to our preset is (docs/evt.md, "Results the paper reports")
+_EVT_MAP = ('the paper\'s number for its model of that name; our shape is our reading of its lost Table 5 '
+            '(docs/evt.md), so sizes may differ')
 _FAN_COCO = ('FAN README (NVlabs/FAN) detection table, Cascade Mask R-CNN 3x, IN-1K pretrained; the README does not '
              'name the metric (presumably box AP); reference/fan.md §3')
 
@@ -128,6 +134,11 @@ REPORTED: Dict[Tuple[str, str], Reported] = {
     ('shunted_t', 'imagenet'): _top1(_SHUNTED_README, 79.8, 11.5),
     ('shunted_s', 'imagenet'): _top1(_SHUNTED_README, 82.9, 22.4),
     ('shunted_b', 'imagenet'): _top1(_SHUNTED_README, 84.0, 39.6),
+    ('evt_l', 'imagenet'): Reported(
+        _EVT_PAPER.format('1, 4.4'), 100, None,
+        {'top-1': 86.6, 'ImageNet-A top-1': 55.5, 'ImageNet-R top-1': 56.9},
+        note='EVT-L in the paper (named): top-1 at 384x384 (our config evaluates at 224); ImageNet-A 55.5 and '
+             'ImageNet-R 56.9 with ImageNet-1k pre-training only'),
     # COCO
     ('rmt_t', 'mask_rcnn_1x'): _maskrcnn(33, 218, 47.1, 42.6),
     ('rmt_s', 'mask_rcnn_1x'): _maskrcnn(46, 262, 49.0, 43.9),
@@ -159,6 +170,11 @@ REPORTED: Dict[Tuple[str, str], Reported] = {
                                                note='arXiv v6 "fixes the bug in the UperNet": may differ by version'),
     ('rmt_l', 'upernet_160k_ade20k'): Reported(_RMT_SEG, 125, 1241, {'mIoU': 52.8},
                                                note='arXiv v6 "fixes the bug in the UperNet": may differ by version'),
+    ('evt_t', 'fpn_80k_ade20k'): Reported(_EVT_PAPER.format('4.3'), metrics={'mIoU': 48.3}, note=_EVT_MAP),
+    ('evt_s', 'fpn_80k_ade20k'): Reported(_EVT_PAPER.format('4.3'), metrics={'mIoU': 50.0}, note=_EVT_MAP),
+    ('evt_b', 'fpn_80k_ade20k'): Reported(_EVT_PAPER.format('4.3'), metrics={'mIoU': 51.7}, note=_EVT_MAP),
+    ('evt_l', 'fpn_80k_ade20k'): Reported(_EVT_PAPER.format('4.3'), metrics={'mIoU': 52.0}, note=_EVT_MAP),
+    ('evt_b', 'upernet_160k_ade20k'): Reported(_EVT_PAPER.format('4.3'), metrics={'mIoU': 52.7}, note=_EVT_MAP),
 }
 
 # Why a whole family has no downstream numbers here (shown under the recipe tables).
@@ -169,8 +185,9 @@ NOT_REPORTED_WHY: Dict[str, str] = {
            'Mask R-CNN 3x, without params or FLOPs (reference/fan.md §3)',
     'RMT': 'the paper has no Mask R-CNN 3x / Cascade rows for RMT-T and RMT-L and no UperNet row for RMT-T '
            '(reference/rmt_evt.md §4.1)',
-    'EVT': 'only the abstract is public (86.6% top-1 without saying for which model); no tables '
-           '(reference/rmt_evt.md §3)',
+    'EVT': 'the paper\'s tables are lost from its text (reference/rmt_evt.md §3): what the text states is here '
+           '(ADE20K Semantic FPN for every size, UperNet for EVT-B, EVT-L on ImageNet at 384 and its robustness); '
+           'no COCO numbers, no parameter or FLOP counts per size',
     'Shunted': 'the paper\'s COCO / ADE20K tables and FLOPs are not confirmed against the paper\'s text '
                '(reference/shunted.md §3)',
 }
@@ -182,9 +199,9 @@ COMPARISON_NOTES: Dict[str, str] = {
            'unexplained (reference/rmt_evt.md §1.2), and ours equal that analytic count. The reported dense-task '
            'FLOPs are further below ours, more so at higher token counts (RMT-T, whose stage 3 uses full '
            'attention, most): the attention products are what grows faster than the token count, and mmcv\'s FLOP '
-           'counter leaves them out (reference/shunted.md §5, issue #5), but which counter the RMT paper used is '
-           'not documented. Compare parameters first (the classifiers\' are checked exactly against the '
-           'official code)',
+           'counter leaves them out (reference/shunted.md §5; GitHub issue 5 of the Shunted repository), but '
+           'which counter the RMT paper used is not documented. Compare parameters first (the classifiers\' are '
+           'checked exactly against the official code)',
     'FAN': 'the official detection backbone differs from the classifier (no norm/head, an extra learnable '
            'downsampling to 768 channels for the stride-32 output), so the hybrids\' dense backbones are compared '
            'with the official detection backbones instead; ours adds one output norm per stage. The official '
@@ -193,7 +210,8 @@ COMPARISON_NOTES: Dict[str, str] = {
            '(NVlabs/FAN models/fan.py) computes `attn @ v` a second time for a return value its blocks discard; '
            'FAN-Swin, which does not use that class, matches exactly',
     'ReSwin-T': 'the official ReSwin-T mixes attention scores with the constant 0.5 and has no alpha parameter '
-                '(reference/revit.md §1a); one learnable alpha makes ours one parameter larger',
+                '(reference/revit.md §1a); our ReSwin-T preset runs in that mode (the released weights were trained '
+                'in it), so the counts agree; ReSwin-S/B learn alpha, one parameter more',
 }
 
 

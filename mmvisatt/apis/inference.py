@@ -17,18 +17,23 @@ not exist where inference runs.
 import argparse
 import copy
 import importlib
+import logging
 import os
 import os.path as osp
 import sys
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
+import cv2
 import numpy as np
 import torch
 from mmengine.config import Config, DictAction
 from mmengine.logging import print_log
 
-from mmvisatt.checkpoint import CheckpointMismatchError, convert_backbone_layout
+from mmvisatt.checkpoint import UnsafeCheckpointError
+from mmvisatt.checkpoint.fit import classes_hint, drop_pretrained_init, weights_fit_problem
+from mmvisatt.checkpoint.loading import abbreviate
+from mmvisatt.datasets.transforms import image_truncation, truncated_image_message
 from mmvisatt.engine.demo import DemoSettings, to_demo_config
 from mmvisatt.engine.entrypoints import import_task_library
 
@@ -78,6 +83,21 @@ def collect_images(inputs: Union[str, Sequence[str]]) -> List[str]:
     return images
 
 
+def unreadable_image(path: str) -> Optional[str]:
+    """Why ``path`` cannot be predicted on (empty, a macOS metadata file, truncated, not decodable), else None."""
+    if osp.basename(path).startswith('._'):
+        return ('a macOS metadata file (AppleDouble, written beside the real file when copying from a Mac), not an '
+                'image; delete the ._* files')
+    if osp.getsize(path) == 0:
+        return 'an empty file (0 bytes): the copy or download did not finish'
+    truncated = image_truncation(path)
+    if truncated:
+        return truncated_image_message(path, truncated)
+    if cv2.imread(path, cv2.IMREAD_UNCHANGED) is None:
+        return 'OpenCV cannot decode it: not an image, or a damaged one'
+    return None
+
+
 def output_names(images: Sequence[str]) -> List[str]:
     """``<image stem>.png`` per image; a stem seen before gets ``_1``, ``_2``, ... so no output overwrites another."""
     names, seen = [], set()
@@ -90,24 +110,6 @@ def output_names(images: Sequence[str]) -> List[str]:
         seen.add(name)
         names.append(name)
     return names
-
-
-def drop_pretrained_init(node: Any) -> int:
-    """Remove every ``init_cfg`` of type ``Pretrained`` in a model config (in place); returns how many."""
-    count = 0
-    if isinstance(node, dict):
-        init = node.get('init_cfg')
-        if isinstance(init, dict) and init.get('type') == 'Pretrained':
-            node['init_cfg'] = None
-            count += 1
-        elif isinstance(init, (list, tuple)):
-            kept = [i for i in init if not (isinstance(i, dict) and i.get('type') == 'Pretrained')]
-            count += len(init) - len(kept)
-            node['init_cfg'] = kept or None
-        count += sum(drop_pretrained_init(v) for k, v in node.items() if k != 'init_cfg')
-    elif isinstance(node, (list, tuple)):
-        count += sum(drop_pretrained_init(v) for v in node)
-    return count
 
 
 def inference_config(config: Union[str, Config], demo: bool = False,
@@ -147,51 +149,9 @@ def inference_config(config: Union[str, Config], demo: bool = False,
 
 def check_weights_fit(model: torch.nn.Module, checkpoint: dict, hint: str = '') -> None:
     """Raise :class:`InferenceError` unless ``checkpoint`` has a tensor of the right shape for every model key."""
-    state = checkpoint.get('state_dict', checkpoint)
-    state = {k[len('module.'):] if k.startswith('module.') else k: v for k, v in state.items()}
-    own = model.state_dict()
-    missing = [k for k in own if k not in state]
-    mismatched = [f'{k} {tuple(state[k].shape)} in the checkpoint, {tuple(v.shape)} in the model'
-                  for k, v in own.items() if k in state and tuple(getattr(state[k], 'shape', ())) != tuple(v.shape)]
-    if not missing and not mismatched:
-        return
-    lines = []
-    if mismatched:
-        lines.append(f'{len(mismatched)} tensors of another shape ({"; ".join(mismatched[:3])}'
-                     + (f'; and {len(mismatched) - 3} more)' if len(mismatched) > 3 else ')'))
-    if missing:
-        lines.append(f'{len(missing)} of the model\'s {len(own)} tensors missing ({", ".join(missing[:5])}'
-                     + (f', and {len(missing) - 5} more)' if len(missing) > 5 else ')'))
-    raise InferenceError('the checkpoint does not fit the model built from the config: ' + '; '.join(lines)
-                         + (f'. {hint}' if hint else '') + _foreign_backbone_hint(model, state))
-
-
-def _foreign_backbone_hint(model: torch.nn.Module, state: dict) -> str:
-    """For a checkpoint whose backbone is in another model's layout that a converter knows (a whole mmdet Swin
-    detector for a ReSwin config): why it is not converted here, and where it is."""
-    backbone = getattr(model, 'backbone', None)
-    if not isinstance(backbone, torch.nn.Module):
-        return ''
-    try:
-        converted = convert_backbone_layout(state, backbone.state_dict().keys())
-    except CheckpointMismatchError:
-        return ''
-    if converted is None:
-        return ''
-    _, family, layout = converted
-    # converted, it would be scored as another backbone (e.g. Swin weights under ReSwin's residual attention)
-    return (f' Its backbone is in the {layout} layout, another model than this config\'s {type(backbone).__name__}, '
-            f'so it is not converted for evaluation or inference: use it with the config it was trained with. To '
-            f'fine-tune from it, pass it to tools/train.py as --cfg-options load_from=PATH, which converts the '
-            f'backbone ({family} converter).')
-
-
-def _classes_hint(checkpoint: dict, demo: bool) -> str:
-    classes = (checkpoint.get('meta') or {}).get('dataset_meta', {}).get('classes')
-    hint = f'The checkpoint was trained for {len(classes)} classes {tuple(classes)}. ' if classes else ''
-    if demo:
-        return hint + 'Is it a checkpoint of this config?'
-    return hint + 'A checkpoint written by `tools/train.py CONFIG --demo` needs --demo here.'
+    problem = weights_fit_problem(model, checkpoint, hint)
+    if problem:
+        raise InferenceError(problem)
 
 
 def config_dataset_meta(cfg: Config, scope: str) -> dict:
@@ -212,7 +172,7 @@ def _inferencer_class(scope: str, demo: bool) -> type:
         """The library's inferencer, refusing a checkpoint that does not fit and never inventing class names."""
 
         def _load_weights_to_model(self, model, checkpoint, cfg):
-            check_weights_fit(model, checkpoint, _classes_hint(checkpoint, demo))
+            check_weights_fit(model, checkpoint, classes_hint(checkpoint, demo))
             meta = checkpoint.setdefault('meta', {})
             if 'dataset_meta' not in meta:
                 meta['dataset_meta'] = config_dataset_meta(cfg, scope)
@@ -241,8 +201,10 @@ class Predictor:
 
     def __init__(self, config: Union[str, Config], checkpoint: str, device: Optional[str] = None,
                  demo: bool = False, cfg_options: Optional[Dict[str, Any]] = None) -> None:
-        if '://' not in checkpoint and not osp.isfile(checkpoint):
-            raise FileNotFoundError(f'checkpoint not found: {checkpoint}')
+        if '://' not in checkpoint:
+            checkpoint = osp.expanduser(checkpoint)
+            if not osp.isfile(checkpoint):
+                raise FileNotFoundError(f'checkpoint not found: {checkpoint}')
         _check_device(device)
         self.cfg = inference_config(config, demo=demo, cfg_options=cfg_options)
         self.scope = import_task_library(self.cfg)
@@ -282,12 +244,24 @@ class Predictor:
             raise InferenceError(f'--score-thr must be in [0, 1], got {score_thr}')
         paths = collect_images(images)
         results = []
+        skipped = []
         for path, name in zip(paths, output_names(paths)):
+            problem = unreadable_image(path)
+            if problem:
+                print_log(f'skipped {path}: {problem}', logger='current', level=logging.WARNING)
+                skipped.append(path)
+                continue
             vis, summary = self.predict(path, score_thr)
             out_file = osp.join(out_dir, name)
             if not mmcv.imwrite(np.ascontiguousarray(vis[..., ::-1]), out_file):
                 raise OSError(f'could not write {out_file}')
             results.append(Prediction(image=path, out_file=out_file, summary=summary))
+        if skipped and not results:
+            raise InferenceError(f'none of the {len(skipped)} images could be read ({abbreviate(skipped, 4)}); '
+                                 f'the log above says why for each')
+        if skipped:
+            print_log(f'{len(skipped)} of {len(paths)} files were skipped, each named above: '
+                      f'{abbreviate(skipped, 4)}', logger='current', level=logging.WARNING)
         return results
 
 
@@ -334,10 +308,10 @@ def run_infer_tool(argv: Optional[Sequence[str]] = None) -> None:
     """``tools/infer.py``: a mistake the user can fix ends the command with its message, not a traceback."""
     try:
         infer_main(argv)
-    except (InferenceError, FileNotFoundError) as error:
+    except (InferenceError, FileNotFoundError, UnsafeCheckpointError) as error:
         sys.exit(f'error: {error}')
 
 
-__all__ = ['IMAGE_EXTENSIONS', 'InferenceError', 'Prediction', 'Predictor', 'collect_images', 'output_names',
-           'drop_pretrained_init', 'inference_config', 'check_weights_fit', 'config_dataset_meta',
+__all__ = ['IMAGE_EXTENSIONS', 'InferenceError', 'Prediction', 'Predictor', 'collect_images', 'unreadable_image',
+           'output_names', 'drop_pretrained_init', 'inference_config', 'check_weights_fit', 'config_dataset_meta',
            'format_prediction', 'parse_infer_args', 'infer_main', 'run_infer_tool']

@@ -17,6 +17,8 @@ import torch
 from mmengine.logging import print_log
 from mmengine.runner.checkpoint import CheckpointLoader
 
+from .safe_load import load_checkpoint_file
+
 StateDict = Dict[str, torch.Tensor]
 # A family's key map: foreign (official / timm / mmdet) keys -> mm-style keys ('backbone.*', 'head.fc.*') and the
 # name of the layout it recognised, or None when the layout is not its family's. It gets the keys inside
@@ -113,6 +115,8 @@ def read_checkpoint(path: str, map_location: str = 'cpu') -> dict:
     """Read a local file or URL; a missing local file or one that is no checkpoint gets an error that says how to
     provide it."""
     is_url = '://' in path
+    if not is_url:
+        path = osp.expanduser(path)
     if not is_url and not osp.isfile(path):
         raise FileNotFoundError(
             f"Checkpoint '{path}' does not exist (working directory: {os.getcwd()}). Download the official "
@@ -122,6 +126,7 @@ def read_checkpoint(path: str, map_location: str = 'cpu') -> dict:
         problem = not_a_checkpoint(path)
         if problem:
             raise NotACheckpointError(f'Checkpoint {path} is {problem}.')
+        return load_checkpoint_file(path, map_location)
     return CheckpointLoader.load_checkpoint(path, map_location=map_location)
 
 
@@ -291,7 +296,10 @@ def convert_checkpoint_file(src: str, dst: str, family: Optional[str] = None) ->
     """Write ``src`` (any supported layout) as an mm-style ``{'state_dict': ...}`` file usable with
     ``init_cfg=dict(type='Pretrained', checkpoint=dst)`` or ``load_from``. Returns (family, layout, #tensors).
     """
-    converted, family, layout = convert_state_dict(unwrap_state_dict(read_checkpoint(src)), family)
+    try:
+        converted, family, layout = convert_state_dict(unwrap_state_dict(read_checkpoint(src)), family)
+    except CheckpointMismatchError as error:
+        raise CheckpointMismatchError(f'{src}: {error}') from None
     os.makedirs(osp.dirname(osp.abspath(dst)), exist_ok=True)
     torch.save({'state_dict': converted, 'meta': {'converted_from': src, 'layout': layout, 'family': family}},
                dst)

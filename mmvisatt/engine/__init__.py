@@ -1,9 +1,9 @@
 """Training plumbing: the logic behind ``tools/train.py`` / ``tools/test.py``, the ``--demo`` transform, hooks, and
-the torch >= 2.6 fix that lets mmengine 0.10.7 resume from its own checkpoints, and what makes training reliable
-(atomic checkpoints, exact resume also inside epochs, the non-finite loss guard, CPU SyncBN; see docs/reliability.md).
+what makes training reliable (atomic checkpoints, exact resume also inside epochs, the non-finite loss guard, CPU
+SyncBN; see docs/reliability.md).
 
-Importing this package (every runtime config's ``custom_imports`` does) allowlists the objects mmengine checkpoints
-contain for ``torch.load(weights_only=True)`` and registers the hooks in mmengine's root registry.
+Importing this package (every runtime config's ``custom_imports`` does) registers the hooks in mmengine's root
+registry; checkpoints are read by :mod:`mmvisatt.checkpoint.safe_load` (tensors and plain data only).
 """
 from .demo import DemoSettings, to_demo_config
 from .entrypoints import (parse_test_args, parse_train_args, prepare_test, prepare_train, test_main,
@@ -14,15 +14,12 @@ from .input_checks import BackboneLayoutHook, ChannelCheckHook
 from .mid_epoch import MidEpochResumeError, ResumableBatchSampler, ResumableEpochBasedTrainLoop, SeededSamples
 from .optimizers import LayerDecayOptimWrapperConstructor  # noqa: F401  (registers it in the root registry)
 from .reliability import AtomicCheckpointHook, ExactResumeHook, FaultInjectionHook, find_resumable_checkpoint
-from .safe_load import mmengine_checkpoint_globals, register_mmengine_safe_globals
 from .sync_bn import CPUSyncBatchNorm
-
-register_mmengine_safe_globals()
 
 __all__ = [
     'DemoSettings', 'to_demo_config', 'parse_train_args', 'parse_test_args', 'prepare_train', 'prepare_test',
     'train_main', 'test_main', 'DemoReportHook', 'EvalProgressBarHook', 'EvalProgressHook', 'TrainingTraceHook',
-    'mmengine_checkpoint_globals', 'register_mmengine_safe_globals', 'NonFiniteGuardHook', 'NonFiniteLossError',
+    'NonFiniteGuardHook', 'NonFiniteLossError',
     'AtomicCheckpointHook', 'ExactResumeHook', 'FaultInjectionHook', 'find_resumable_checkpoint',
     'CPUSyncBatchNorm', 'ChannelCheckHook', 'BackboneLayoutHook', 'MidEpochResumeError', 'ResumableBatchSampler',
     'ResumableEpochBasedTrainLoop', 'SeededSamples'

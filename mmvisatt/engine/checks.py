@@ -1,5 +1,6 @@
 """Checks run before a Runner is built, so a missing dataset or checkpoint fails in a second with a message that
 says what to do, instead of minutes later deep inside a dataloader worker or a weight initialiser."""
+import os
 import os.path as osp
 from typing import Any, Iterator, List, Optional, Tuple
 
@@ -63,6 +64,9 @@ def check_data(cfg: Config, loaders: Tuple[str, ...]) -> None:
     datasets = [d for name in loaders for d in leaf_datasets((cfg.get(name) or {}).get('dataset'))]
     missing = [p for d in datasets for p in _needed_paths(d) if not osp.exists(p)]
     if not missing:
+        for name in loaders:
+            for dataset in leaf_datasets((cfg.get(name) or {}).get('dataset')):
+                _check_class_folders(dataset, f'{name}.dataset')
         return
     kind = next((d['type'] for d in datasets if d.get('type') in DATASET_SOURCES), None)
     name, source = DATASET_SOURCES.get(kind, ('the dataset', None))
@@ -76,9 +80,33 @@ def check_data(cfg: Config, loaders: Tuple[str, ...]) -> None:
     if roots:
         lines.append(f'and unpack it there, or link an existing copy: ln -s /path/to/your/copy {roots[0].rstrip("/")}'
                      f'  (or point the config elsewhere with --cfg-options).')
-    lines.append('To try the pipeline without it, add --demo: it trains and evaluates the same model on small '
-                 'generated data.')
+    if not any(d.get('type') in _FOLDER_PER_CLASS for d in datasets):
+        lines.append('To try the pipeline without it, add --demo: it trains and evaluates the same model on small '
+                     'generated data.')
     raise MissingDataError('\n'.join(lines))
+
+
+# mmpretrain datasets that, without an ann_file, take each sub-folder of the image folder as a class
+_FOLDER_PER_CLASS = ('ImageNet', 'CustomDataset')
+
+
+def _check_class_folders(dataset: dict, where: str) -> None:
+    """An mmpretrain folder dataset without ``ann_file`` needs one sub-folder per class; images loose in the
+    folder (ImageNet's val set as downloaded, say) make mmpretrain fail with a bare assertion."""
+    folder = image_dir(dataset)
+    if dataset.get('type') not in _FOLDER_PER_CLASS or dataset.get('ann_file') or not folder or \
+            not osp.isdir(folder):
+        return
+    entries = os.listdir(folder)
+    if any(osp.isdir(osp.join(folder, e)) for e in entries):
+        return
+    images = [e for e in entries if e.lower().endswith(('.jpeg', '.jpg', '.png', '.bmp', '.webp'))]
+    raise MissingDataError(
+        f'{folder} holds {len(images)} images but no class sub-folders: without an ann_file, {dataset["type"]} '
+        f'reads <folder>/<class name>/<image>, one folder per class. Sort the images into class folders (for '
+        f'ImageNet val, move each image into the folder of its synset, e.g. with the widely used valprep.sh), or '
+        f'list them in an annotation file of "relative/path.JPEG label" lines and pass --cfg-options '
+        f'{where}.ann_file=meta/<split>.txt.')
 
 
 def pretrained_inits(node: Any, path: str = 'model') -> Iterator[Tuple[str, dict]]:
@@ -105,7 +133,7 @@ def check_pretrained(cfg: Config) -> None:
     """
     for where, init in pretrained_inits(cfg.get('model')):
         ckpt = init.get('checkpoint')
-        if not ckpt or '://' in ckpt or osp.exists(ckpt):
+        if not ckpt or '://' in ckpt or osp.exists(osp.expanduser(ckpt)):
             continue
         lines = [f'Checkpoint for {where} not found: {ckpt}']
         if cfg.get('pretrained_source') and ckpt == cfg.get('pretrained'):

@@ -20,17 +20,19 @@ from mmengine.device import get_device
 from mmengine.logging import print_log
 from mmengine.runner import Runner
 
-from mmvisatt.checkpoint import CheckpointMismatchError
+from mmvisatt.checkpoint import CheckpointMismatchError, UnsafeCheckpointError, load_checkpoint_file
+from mmvisatt.checkpoint.fit import classes_hint, weights_fit_problem
 from .checks import (MissingCheckpointError, MissingDataError, check_data, check_pretrained, image_dir,
                      leaf_datasets, pretrained_inits)
 from .demo import DemoSettings, describe_demo, to_demo_config
 from .guards import NonFiniteLossError
 from .input_checks import (AnnotationError, ConfigFileError, ConfigKeyError, CorruptCheckpointError, CorruptImageError,
                            check_cfg_options, check_checkpoint_file, check_evaluator_files, check_legacy_keys,
-                           check_top_level_keys, explain_build_error, explain_image_error, load_config_file)
+                           check_load_from_fits, check_top_level_keys, explain_build_error, explain_image_error,
+                           load_config_file)
 from .mid_epoch import MidEpochResumeError
 from .preflight import preflight
-from .reliability import add_custom_hooks, enable_reliable_training, resolve_auto_resume
+from .reliability import CheckpointWriteError, add_custom_hooks, enable_reliable_training, resolve_auto_resume
 
 LAUNCHERS = ('none', 'pytorch', 'slurm', 'mpi')
 
@@ -154,6 +156,16 @@ def apply_train_args(cfg: Config, args: argparse.Namespace) -> Config:
     return cfg
 
 
+def check_resume_file(cfg: Config) -> None:
+    """``--resume PATH`` names a file that exists (mmengine would fail in torch.load with its traceback)."""
+    path = cfg.get('load_from')
+    if cfg.get('resume') and path and '://' not in path and not osp.isfile(osp.expanduser(path)):
+        raise MissingCheckpointError(
+            f'--resume {path}: no such file (working directory: {os.getcwd()}). Pass the path of a checkpoint the '
+            f'run wrote (work_dir/epoch_N.pth or iter_N.pth), or a bare --resume to continue from the newest '
+            f'complete one in the work dir.')
+
+
 def _replace_sync_bn(node: Any) -> int:
     count = 0
     if isinstance(node, dict):
@@ -194,6 +206,9 @@ def _forming_group(timeout_s: float):
               'env_cfg.dist_cfg.init_timeout=SECONDS.', file=sys.stderr, flush=True)
         os._exit(3)
 
+    print(f"rank {env['RANK']} of WORLD_SIZE={env['WORLD_SIZE']}: waiting for all {env['WORLD_SIZE']} processes at "
+          f"{env['MASTER_ADDR']}:{env['MASTER_PORT']} (up to {timeout_s:.0f} s, env_cfg.dist_cfg.init_timeout)",
+          file=sys.stderr, flush=True)
     threading.Thread(target=watch, daemon=True, name='process-group-watchdog').start()
     try:
         yield
@@ -275,6 +290,8 @@ def check_model_files(cfg: Config) -> None:
     check_checkpoint_file(cfg.get('load_from'), f'The {what}',
                           'It was probably written by a job that was killed or ran out of disk; pick an earlier '
                           'checkpoint, or use --resume (auto), which skips incomplete files.')
+    if not cfg.get('resume'):
+        check_load_from_fits(cfg.get('model'), cfg.get('load_from'))
 
 
 def _image_dirs(cfg: Config) -> List[str]:
@@ -303,6 +320,7 @@ def _run_errors_explained(cfg: Config):
 
 def train_main(argv: Optional[Sequence[str]] = None) -> Runner:
     cfg = prepare_train(argv)
+    check_resume_file(cfg)
     scope = import_task_library(cfg)
     preflight(cfg, scope, ('train_dataloader', 'val_dataloader'))
     setup_distributed(cfg)
@@ -320,7 +338,7 @@ def prepare_test(argv: Optional[Sequence[str]] = None) -> Tuple[Config, argparse
     """Parse ``argv`` and return the ready-to-run test config (all pre-flight checks passed) and the arguments."""
     args = parse_test_args(argv)
     cfg = load_config(args, train=False)
-    if '://' not in args.checkpoint and not osp.isfile(args.checkpoint):
+    if '://' not in args.checkpoint and not osp.isfile(osp.expanduser(args.checkpoint)):
         raise FileNotFoundError(f'checkpoint not found: {args.checkpoint}')
     cfg.load_from = args.checkpoint
     check_checkpoint_file(args.checkpoint, 'Checkpoint', 'Pass a complete checkpoint file.', zip_only=True)
@@ -345,14 +363,11 @@ def check_checkpoint_fits(model: torch.nn.Module, path: str, demo: bool = False,
     if '://' in path:
         return
     from mmengine.model import is_model_wrapper
-
-    from mmvisatt.apis.inference import InferenceError, _classes_hint, check_weights_fit
     model = model.module if is_model_wrapper(model) else model
-    checkpoint = torch.load(path, map_location='cpu', mmap=True, weights_only=False)
-    try:
-        check_weights_fit(model, checkpoint, hint or _classes_hint(checkpoint, demo))
-    except InferenceError as error:
-        raise CheckpointMismatchError(f'{path}: {error}') from None
+    checkpoint = load_checkpoint_file(path, 'cpu', mmap=True)
+    problem = weights_fit_problem(model, checkpoint, hint or classes_hint(checkpoint, demo))
+    if problem:
+        raise CheckpointMismatchError(f'{path}: {problem}')
 
 
 def test_main(argv: Optional[Sequence[str]] = None) -> dict:
@@ -375,8 +390,8 @@ def run_tool(main: Callable[[Optional[Sequence[str]]], Any], argv: Optional[Sequ
     try:
         main(argv)
     except (MissingDataError, MissingCheckpointError, NonFiniteLossError, ConfigKeyError, ConfigFileError,
-            AnnotationError, CorruptCheckpointError, CheckpointMismatchError, CorruptImageError,
-            MidEpochResumeError) as error:
+            AnnotationError, CorruptCheckpointError, CheckpointMismatchError, CorruptImageError, UnsafeCheckpointError,
+            MidEpochResumeError, CheckpointWriteError) as error:
         sys.exit(f'error: {error}')
 
 

@@ -27,7 +27,9 @@ from mmengine.logging import print_log
 from mmengine.model import is_model_wrapper
 from mmengine.registry import HOOKS
 
-from mmvisatt.checkpoint import CheckpointMismatchError, convert_backbone_layout, file_head, not_a_checkpoint
+from mmvisatt.checkpoint import (CheckpointMismatchError, convert_backbone_layout, convert_state_dict, file_head,
+                                 load_checkpoint_file, not_a_checkpoint, unwrap_state_dict)
+from mmvisatt.checkpoint.loading import abbreviate
 from mmvisatt.datasets.transforms import CorruptImageError, image_truncation, truncated_image_message
 from .checks import leaf_datasets
 from .reliability import checkpoint_problem
@@ -302,19 +304,46 @@ def check_checkpoint_file(path: Optional[str], what: str, fix: str, zip_only: bo
 
     Zip-format files (``torch.save`` since torch 1.6) are checked fully. Files in the legacy pickle format cannot be
     checked without loading them and pass; so does anything else when ``zip_only`` (foreign files, e.g. an official
-    release, are then left to the loader).
+    release, are then left to the loader). Every torch file is then read as data (memory-mapped where it can be):
+    one that holds more than tensors and plain data raises :class:`UnsafeCheckpointError` before the run starts.
     """
-    if not path or '://' in path or not osp.isfile(path):
+    if not path or '://' in path:
+        return
+    path = osp.expanduser(path)
+    if not osp.isfile(path):
         return
     head = file_head(path)
     problem = not_a_checkpoint(path, head)
     if problem is not None:
         raise CorruptCheckpointError(f'{what} {path} is {problem}.')
-    if head[:1] == b'\x80' or (zip_only and not head.startswith(b'PK\x03\x04')):
+    zipped = head.startswith(b'PK\x03\x04')
+    if head[:1] != b'\x80' and (zipped or not zip_only):
+        problem = checkpoint_problem(path)
+        if problem is not None:
+            raise CorruptCheckpointError(f'{what} {path} is {problem}. {fix}')
+    if zipped or head[:1] == b'\x80':
+        load_checkpoint_file(path, 'cpu', mmap=True)
+
+
+def check_load_from_fits(model_cfg: Any, path: Optional[str]) -> None:
+    """Refuse a ``load_from`` file none of whose keys belongs to a part of the model (a backbone-only ImageNet
+    file, say): mmengine would load nothing, say nothing, and train the model from its initialisation."""
+    if not path or '://' in path or not isinstance(model_cfg, dict) or not osp.isfile(osp.expanduser(path)):
         return
-    problem = checkpoint_problem(path)
-    if problem is not None:
-        raise CorruptCheckpointError(f'{what} {path} is {problem}. {fix}')
+    parts = sorted(k for k, v in model_cfg.items() if isinstance(v, dict) and k != 'data_preprocessor')
+    state = unwrap_state_dict(load_checkpoint_file(path, 'cpu', mmap=True))
+    if not state or not parts or any(k.split('.', 1)[0] in parts for k in state):
+        return
+    try:
+        _, family, layout = convert_state_dict(state)
+        what = f'a {family} backbone alone ({layout} layout, e.g. an ImageNet checkpoint)'
+    except CheckpointMismatchError:
+        what = f'weights of another model (first keys: {abbreviate(sorted(state), 4)})'
+    raise CheckpointMismatchError(
+        f'load_from {path} holds {what}: none of its keys belongs to the model\'s {", ".join(parts)}. load_from '
+        f'matches whole-model keys, so nothing would load and the model would train from its initialisation. To '
+        f'start the backbone from this file, pass --cfg-options model.backbone.init_cfg.type=Pretrained '
+        f'model.backbone.init_cfg.checkpoint={path} instead of load_from.')
 
 
 def _channel_list(value: Any) -> Optional[List[int]]:

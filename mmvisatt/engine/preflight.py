@@ -114,6 +114,13 @@ def _check_classes(cfg: Config, datasets: List[Tuple[str, str, dict]], scope: st
     """Heads against the train classes, and val / test classes against train's."""
     per_loader: Dict[str, Tuple[str, Tuple[str, ...], bool]] = {}
     for loader, where, dataset in datasets:
+        named = (dataset.get('metainfo') or {}).get('classes')
+        if isinstance(named, str):
+            found.errors.append(
+                f'{where}.metainfo.classes is the string {named!r}, not a tuple of class names: in Python '
+                f'({named!r}) is just a string (its {len(named)} letters would count as classes). Write '
+                f'classes=({named!r},) with a trailing comma, and give the heads num_classes=1.')
+            return
         classes, explicit = _classes(dataset, _dataset_class(dataset, scope))
         if classes is not None and loader not in per_loader:
             per_loader[loader] = (where, classes, explicit)
@@ -252,6 +259,71 @@ def _check_instances(path: str, data: dict, where: str, cat_ids: set, masks: boo
             f'{examples["dropped"]}) and are dropped; COCO bbox is [x, y, width, height] in pixels.')
 
 
+def _polygon_extent(segmentation: Any) -> Optional[Tuple[float, float, float, float]]:
+    """(min x, min y, max x, max y) of a polygon segmentation; None for RLE or no polygon."""
+    if not isinstance(segmentation, list) or not segmentation:
+        return None
+    xs = [v for p in segmentation if isinstance(p, list) for v in p[0::2]]
+    ys = [v for p in segmentation if isinstance(p, list) for v in p[1::2]]
+    return (min(xs), min(ys), max(xs), max(ys)) if xs and ys else None
+
+
+def _corner_boxes(data: dict) -> Tuple[int, int, Any]:
+    """How many boxes read as [x1, y1, x2, y2] rather than COCO's [x, y, width, height], of how many that could be
+    told apart, and an example id. A box is told apart by its polygon (width and height equal to the polygon's far
+    corner instead of its extent) or, without one, by its image (x + w past the right edge while w fits the image
+    as a coordinate)."""
+    images = {i.get('id'): i for i in data['images']}
+    corners = checked = 0
+    example = None
+    for ann in data['annotations']:
+        x, y, w, h = ann['bbox']
+        extent = _polygon_extent(ann.get('segmentation'))
+        if extent is not None:
+            x0, y0, x1, y1 = extent
+            if x0 < 2 and y0 < 2:  # at the image corner, the two readings agree
+                continue
+            checked += 1
+            as_corner = abs(w - x1) <= 2 and abs(h - y1) <= 2
+            as_size = abs(w - (x1 - x0)) <= 2 and abs(h - (y1 - y0)) <= 2
+            if as_corner and not as_size:
+                corners += 1
+                example = example if example is not None else ann.get('id')
+            continue
+        image = images.get(ann.get('image_id'))
+        if image is None or (x < 2 and y < 2):
+            continue
+        checked += 1
+        if (x + w > image['width'] + 1 or y + h > image['height'] + 1) and w > x and h > y \
+                and w <= image['width'] and h <= image['height']:
+            corners += 1
+            example = example if example is not None else ann.get('id')
+    return corners, checked, example
+
+
+def _check_ids_and_boxes(path: str, data: dict, where: str, train: bool, found: _Findings) -> None:
+    """Mistakes of a COCO file that mmdet takes without a word: duplicate image ids (merged exports), an
+    evaluation set without annotations, boxes written as corners."""
+    repeated = [i for i, n in Counter(image.get('id') for image in data['images']).items() if n > 1]
+    if repeated:
+        found.errors.append(
+            f'{path}: {len(repeated)} image ids occur more than once (e.g. {abbreviate(repeated)}), as after merging '
+            f'two exports: mmdet would give one image\'s boxes to another. Renumber the images (and their '
+            f'annotations\' image_id) so that every id is unique.')
+    if not train and data['images'] and not data['annotations']:
+        found.errors.append(
+            f'{path} ({where}) has {len(data["images"])} images but no annotations: COCO evaluation would report -1 '
+            f'for every metric. Point ann_file at the annotated file of this set (an image-info-only file such as '
+            f'image_info_test-dev is for tools/test.py with format_only=True).')
+    corners, checked, example = _corner_boxes(data)
+    if corners and corners * 2 >= checked:
+        found.errors.append(
+            f'{path}: {corners} of {checked} boxes that can be checked read as [x1, y1, x2, y2] (e.g. annotation id '
+            f'{example}: its width and height equal its polygon\'s far corner, or reach past the image), but COCO '
+            f'bbox is [x, y, width, height]: the model would train on inflated boxes. Convert them: width = x2 - x1, '
+            f'height = y2 - y1 (and area = width * height, or the polygon\'s area).')
+
+
 def _check_eval_polygons(path: str, data: dict, where: str, found: _Findings) -> None:
     bad = [a.get('id') for a in data['annotations'] if _bad_polygons(a.get('segmentation'))]
     if bad:
@@ -387,8 +459,9 @@ def _check_coco_dataset(cfg: Config, loader: str, where: str, dataset: dict, sco
         found.errors.append(f'{path}: {len(bad_boxes)} annotations have a bbox that is not [x, y, width, height] '
                             f'(ids {abbreviate(bad_boxes)}). Re-export the file in COCO format.')
         return
+    _check_ids_and_boxes(path, data, where, train, found)
     classes, explicit = _classes(dataset, _dataset_class(dataset, scope))
-    if classes is None:
+    if classes is None or isinstance((dataset.get('metainfo') or {}).get('classes'), str):
         return
     masks = _pipeline_loads_masks(dataset)
     cat_ids = _coco_content(path, data, where, train, masks, classes, explicit, found)
@@ -442,6 +515,14 @@ def _check_seg_dataset(cfg: Config, where: str, dataset: dict, scope: str, found
     for image in _sample(images):
         seg_map = osp.join(seg_dir, image[:-len(img_suffix)] + seg_suffix)
         if not osp.isfile(seg_map):
+            ids = seg_map.replace('labelTrainIds', 'labelIds')
+            if seg_suffix.endswith('labelTrainIds.png') and osp.isfile(ids):
+                found.errors.append(
+                    f'{seg_map}, the map of {osp.join(img_dir, image)}, does not exist, but {osp.basename(ids)} does: '
+                    f'the Cityscapes download has label ids, and training reads the 19 train ids that mmseg\'s '
+                    f'converter writes. Run it once: python tools/dataset_converters/cityscapes.py {root or "."} '
+                    f'(in the mmsegmentation repository; it needs cityscapesscripts: pip install cityscapesscripts).')
+                return
             found.errors.append(f'{seg_map}, the map of {osp.join(img_dir, image)}, does not exist: check '
                                 f'{where}.data_prefix.seg_map_path and seg_map_suffix ({seg_suffix!r}).')
             return

@@ -20,11 +20,13 @@ file, or with none at all; ``find_latest_checkpoint`` then resumes from whatever
   test all of the above.
 """
 import contextlib
+import errno
 import glob
 import os
 import os.path as osp
 import random
 import re
+import shutil
 import signal
 import tempfile
 import zipfile
@@ -39,6 +41,8 @@ from mmengine.hooks import CheckpointHook, Hook
 from mmengine.logging import print_log
 from mmengine.registry import HOOKS
 
+from mmvisatt.checkpoint import load_checkpoint_file
+
 ATOMIC_BACKEND = 'atomic_local'
 # AtomicCheckpointHook's mid-epoch checkpoints: their file names, and the message hub key of those kept
 MID_EPOCH_TEMPLATE = 'iter_{}.pth'
@@ -51,6 +55,22 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+class CheckpointWriteError(OSError):
+    """A checkpoint (or another file of the run) could not be written: the disk is full, a quota or a file-size
+    limit was hit. The previous file of that name is kept."""
+
+
+def write_failure(path: str, size: int, error: OSError) -> str:
+    directory = osp.dirname(osp.abspath(path))
+    free = shutil.disk_usage(directory).free
+    cause = {errno.ENOSPC: 'the disk is full', errno.EDQUOT: 'the disk quota is used up',
+             errno.EFBIG: 'the file is larger than the file system allows'}.get(error.errno, error.strerror)
+    return (f'could not write {path} ({size / 2 ** 20:.1f} MiB): {cause} ({free / 2 ** 30:.2f} GiB free on '
+            f'{directory}). Nothing was overwritten (the previous file of that name, if any, is intact). Free some '
+            f'space or move the work dir (--work-dir) to a larger disk, keep fewer checkpoints '
+            f'(--cfg-options default_hooks.checkpoint.max_keep_ckpts=2), then resume with --resume.')
 
 
 def atomic_write(data: bytes, path: str) -> None:
@@ -70,9 +90,11 @@ def atomic_write(data: bytes, path: str) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as error:
         if osp.exists(tmp):
             os.remove(tmp)
+        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
+            raise CheckpointWriteError(write_failure(path, len(data), error)) from error
         raise
     dir_fd = os.open(directory, os.O_RDONLY)
     try:
@@ -243,7 +265,7 @@ def _iteration_of(path: str) -> int:
     if osp.basename(path).startswith('iter_'):
         return _step_of(path)
     try:
-        return int(torch.load(path, map_location='cpu', mmap=True, weights_only=True)['meta']['iter'])
+        return int(load_checkpoint_file(path, 'cpu', mmap=True)['meta']['iter'])
     except Exception:  # incomplete or foreign files are reported by checkpoint_problem
         return -1
 

@@ -16,6 +16,7 @@ import sys
 
 from mmengine.config import DictAction
 
+from mmvisatt.checkpoint import UnsafeCheckpointError
 from mmvisatt.deployment import ExportError, build_export_model, export_onnx
 
 
@@ -37,7 +38,7 @@ def main(argv=None):
     try:
         model = build_export_model(args.config, args.checkpoint, args.with_neck, args.cfg_options)
         result = export_onnx(model, out, *args.shape, dynamic=args.dynamic)
-    except ExportError as err:
+    except (ExportError, UnsafeCheckpointError) as err:
         sys.exit(f'export_onnx: {err}')
     parts = type(model.backbone).__name__ + (f' + {type(model.neck).__name__}' if model.neck is not None else '')
     print(result.line(f'{name} ({parts})'))

@@ -9,8 +9,8 @@ import argparse
 import sys
 
 import mmvisatt.models  # noqa: F401  (registers the family converters)
-from mmvisatt.checkpoint import (CheckpointMismatchError, NotACheckpointError, convert_checkpoint_file,
-                                 registered_families)
+from mmvisatt.checkpoint import (CheckpointMismatchError, NotACheckpointError, UnsafeCheckpointError,
+                                 convert_checkpoint_file, registered_families)
 
 
 def main(argv=None) -> None:
@@ -22,7 +22,7 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     try:
         family, layout, count = convert_checkpoint_file(args.src, args.dst, args.family)
-    except (FileNotFoundError, NotACheckpointError, CheckpointMismatchError) as error:
+    except (FileNotFoundError, NotACheckpointError, CheckpointMismatchError, UnsafeCheckpointError) as error:
         sys.exit(f'convert: {error}')
     print(f'{args.src}: {family} checkpoint in {layout} layout -> {args.dst} ({count} tensors)')
 

@@ -1,8 +1,9 @@
 # ReSwin-T: Swin-T (C=96, depths 2-2-6-2, heads 3-6-12-24, window 7) with residual attention (ReViT paper).
 # What every task config of this backbone shares (over _swin.py; the dense recipes are in mmvisatt/recipes.py).
 # Official ImageNet weights: Google Drive only, follow the ReSwin-T link in the README of
-# https://github.com/ADiko1997/ReViT and save the file here. The official Swin-T weights also work as an init
-# (alpha then starts from its default).
+# https://github.com/ADiko1997/ReViT and save the file here. Those weights were trained with the official code's
+# constant residual mix, so every ReSwin-T config runs residual_mode='official'. The official Swin-T weights also
+# work as an init.
 _base_ = ['./_swin.py']
 pretrained = 'checkpoints/reswin_tiny_patch4_window7_224.pth'
 pretrained_source = ('the ReSwin-T link (Google Drive) in the README of https://github.com/ADiko1997/ReViT; the '
@@ -10,7 +11,7 @@ pretrained_source = ('the ReSwin-T link (Google Drive) in the README of https://
                      'swin_tiny_patch4_window7_224.pth also works as an init')
 preset = dict(
     name='ReSwin-T',
-    backbone=dict(type='ReSwinTransformer', arch='t', residual_mode='aligned',
+    backbone=dict(type='ReSwinTransformer', arch='t', residual_mode='official',
                   init_cfg=dict(type='Pretrained', checkpoint=pretrained)),
     channels=[96, 192, 384, 768],
     # ImageNet: the official ReSwin-T run (base lr 2.5e-4 per 512 images at batch 1024, drop path 0.1, no grad

@@ -1,16 +1,18 @@
 """EVT: Advancing Vision Transformer with Enhanced Spatial Priors (Fan et al., arXiv 2604.18549).
 
-EVT extends RMT in two ways the abstract states: the decay uses the Euclidean distance between tokens,
-``gamma ** sqrt(dy^2 + dx^2)``, and the decomposed attention is replaced by spatially independent grouping, whose
-group size is free. Everything else is our reading (no code or full text is public); ``docs/evt.md`` lists each
-choice:
+As the paper describes it (section numbers of the paper; ``docs/evt.md`` lists each statement against the code):
 
-- Euclidean Self-Attention (EuSA) adds ``sqrt(dy^2 + dx^2) * log gamma_h`` (true 2-D positions, per-head gamma as
-  in RMT) to the logits before the softmax. EuSAg attends within consecutive groups of ``group_size`` tokens of
-  the raster-ordered sequence, EuSAd within interleaved groups (stride = number of groups); blocks alternate
-  EuSAg / EuSAd like Swin's W-MSA / SW-MSA, and the last stage attends fully (with the decay).
-- ``style='rmt'`` (presets t/s/b/l) keeps RMT's block, stem, downsampling, LCE and CPE, without the rotary
-  phase; ``style='swin'`` (``swin_t``) is Swin-T with (shifted) window attention replaced by EuSAg / EuSAd.
+- an EVT block is CPE (a 3x3 depthwise conv), Euclidean self-attention (EuSA) and the classic FFN (§3.2), with
+  RMT's conv stem and conv downsampling (§4.6 names the stem and CPE as what EVT-Swin leaves out);
+- EuSA biases each head's logits by ``sqrt(dy^2 + dx^2) * log gamma_h``, a different decay per head (§3.3, §4.6),
+  within 1-D, spatially independent groups of the raster-ordered tokens: consecutive (EuSAg) or interleaved
+  (EuSAd), with the 2-D distance between the tokens' true positions (§3.4);
+- EVT-T/S/B/L follow RMT (§3.5): EVT-T deeper than RMT-T (§4.6), EVT-L about 100M parameters (§1), stochastic
+  depth 0.1 / 0.15 / 0.4 / 0.55 (§4.1); EVT-Swin-T/S/B are Swin-T/S/B with (S)W-MSA replaced by EuSAg / EuSAd and
+  Swin's global attention by EuSA, without CPE or conv stem (§3.5, §4.6).
+
+What the lost tables leave open (depths, which stages group, the gamma formula, group size) is ours, chosen by the
+rules the text gives and kept as preset values; ``docs/evt.md`` says why.
 """
 from typing import Dict, Optional, Sequence, Set, Tuple, Union
 
@@ -27,7 +29,6 @@ from ..layers.patch import PatchEmbed, PatchMerging
 from ..layers.retentive import ConvDownsample, ConvStem, RetentiveBlock
 from ..layers.spatial_decay import SpatialDecay, TokenGroups, group_tokens, grouped_attention_fused, ungroup_tokens
 from .base import DecayBackbone
-from .rmt import RMT
 
 MODES = ('grouped', 'dilated', 'full')
 
@@ -39,11 +40,10 @@ class EuclideanSelfAttention(nn.Module):
         dim: channels.
         num_heads: heads (each with its own decay).
         mode: ``'grouped'`` (EuSAg), ``'dilated'`` (EuSAd) or ``'full'``.
-        lce: add a 5x5 depthwise conv of the values to the output (RMT's LCE).
         fused: ``scaled_dot_product_attention`` or the explicit softmax reference.
     """
 
-    def __init__(self, dim: int, num_heads: int, mode: str = 'grouped', lce: bool = True, fused: bool = True):
+    def __init__(self, dim: int, num_heads: int, mode: str = 'grouped', fused: bool = True):
         super().__init__()
         if mode not in MODES:
             raise ValueError(f'EuSA mode must be one of {MODES}, got {mode!r}')
@@ -54,14 +54,12 @@ class EuclideanSelfAttention(nn.Module):
         self.q_proj = nn.Linear(dim, dim)
         self.k_proj = nn.Linear(dim, dim)
         self.v_proj = nn.Linear(dim, dim)
-        self.lce = nn.Conv2d(dim, dim, 5, 1, 2, groups=dim) if lce else None
         self.out_proj = nn.Linear(dim, dim)
 
     def forward(self, x: Tensor, bias: Tensor, groups: Optional[TokenGroups] = None) -> Tensor:
         """x: (B, H, W, C); bias: (heads, HW, HW) for full attention, else (heads, G, g, g) with ``groups``."""
         B, H, W, C = x.shape
         q, k, v = self.q_proj(x), self.k_proj(x) * self.scale, self.v_proj(x)
-        local = None if self.lce is None else self.lce(v.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)
         heads = self.num_heads
         if groups is None:
             q, k, v = (t.reshape(B, H * W, heads, -1).transpose(1, 2) for t in (q, k, v))
@@ -74,8 +72,7 @@ class EuclideanSelfAttention(nn.Module):
                        .permute(0, 3, 1, 2, 4).flatten(1, 2) for t in (q, k, v))
             out = attention(q, k, v, bias.flatten(0, 1), 1., fused=False)
             out = ungroup_tokens(out.unflatten(1, (heads, -1)).permute(0, 2, 3, 1, 4).flatten(-2), groups)
-        out = out.reshape(B, H, W, C)
-        return self.out_proj(out if local is None else out + local)
+        return self.out_proj(out.reshape(B, H, W, C))
 
 
 class SwinEuSABlock(nn.Module):
@@ -96,7 +93,10 @@ class SwinEuSABlock(nn.Module):
 
 class EVTStage(nn.Module):
     """``depth`` blocks alternating EuSAg / EuSAd (or all full attention), sharing the stage's decay rates, then
-    the optional downsampling. Returns the stage output and the downsampled map."""
+    the optional downsampling. Returns the stage output and the downsampled map.
+
+    ``style='rmt'``: CPE + EuSA + classic FFN blocks and a strided-conv downsampling (EVT-T/S/B/L);
+    ``style='swin'``: Swin's blocks and patch merging (EVT-Swin)."""
 
     def __init__(self, dim: int, out_dim: Optional[int], depth: int, num_heads: int, mlp_ratio: float,
                  init_value: float, heads_range: float, full: bool, group_size: int, drop_path: Sequence[float],
@@ -109,11 +109,10 @@ class EVTStage(nn.Module):
         self.modes = ['full' if full else ('grouped', 'dilated')[i % 2] for i in range(depth)]
         self.blocks = nn.ModuleList()
         for mode, rate in zip(self.modes, drop_path):
+            attn = EuclideanSelfAttention(dim, num_heads, mode, fused=fused)
             if style == 'rmt':
-                attn = EuclideanSelfAttention(dim, num_heads, mode, lce=True, fused=fused)
-                self.blocks.append(RetentiveBlock(dim, attn, mlp_ratio, rate, layer_scale))
+                self.blocks.append(RetentiveBlock(dim, attn, mlp_ratio, rate, layer_scale, conv_ffn=False))
             else:
-                attn = EuclideanSelfAttention(dim, num_heads, mode, lce=False, fused=fused)
                 self.blocks.append(SwinEuSABlock(dim, attn, mlp_ratio, rate))
         if not out_dim:
             self.downsample = None
@@ -144,22 +143,38 @@ class EVT(DecayBackbone):
     """EVT as a multi-scale backbone (strides 4/8/16/32, NCHW, one LayerNorm per output).
 
     Args:
-        arch: ``'t'``, ``'s'``, ``'b'``, ``'l'`` (RMT-T/S/B/L shapes; also ``'evt_t'`` ...), ``'swin_t'``
-            (``'evt_swin_t'``: Swin-T with EuSA) or a dict with ``embed_dims``, ``depths``, ``num_heads`` and
-            optionally ``mlp_ratios``, ``init_values``, ``heads_ranges``, ``full_attention`` and
+        arch: ``'t'``, ``'s'``, ``'b'``, ``'l'`` (also ``'evt_t'`` ...), ``'swin_t'``, ``'swin_s'``, ``'swin_b'``
+            (also ``'evt_swin_t'`` ...: Swin-T/S/B with EuSA) or a dict with ``embed_dims``, ``depths``,
+            ``num_heads`` and optionally ``mlp_ratios``, ``init_values``, ``heads_ranges``, ``full_attention`` and
             ``layer_scales`` (per stage), ``style`` (``'rmt'`` or ``'swin'``) and ``drop_path_rate``.
         group_size: tokens per EuSAg / EuSAd group (49 = a 7x7 window's worth).
-        drop_path_rate: None takes the preset's value (RMT's 0.1 / 0.15 / 0.4 / 0.5; 0.2 for Swin-T).
-        layer_init_values, fused_attn, out_norms, in_channels, out_indices, frozen_stages, norm_eval,
-        with_cp, norm_cfg, init_cfg: as :class:`~mmvisatt.models.backbones.rmt.RMT` (``norm_cfg`` is unused by
-            the Swin style, which has no BatchNorm).
+        drop_path_rate: None takes the preset's value (the paper's 0.1 / 0.15 / 0.4 / 0.55 for T / S / B / L;
+            Swin's 0.2 / 0.3 / 0.5 for EVT-Swin-T / S / B).
+        layer_init_values: initial layer-scale value where an arch dict asks for layer scale (no preset does).
+        fused_attn, out_norms, in_channels, out_indices, frozen_stages, norm_eval, with_cp, norm_cfg, init_cfg:
+            as :class:`~mmvisatt.models.backbones.rmt.RMT` (``norm_cfg`` is unused by the Swin style, which has no
+            BatchNorm).
     """
+    # Our reading of the lost Table 5 (docs/evt.md): RMT's widths, heads, MLP ratios and decay ranges; EVT-T
+    # deeper than RMT-T and EVT-L deepened to the paper's parameter count, both in stage 3 where RMT adds depth.
     arch_zoo: Dict[str, dict] = {
-        # RMT's shapes (EVT has no decomposed attention)
-        **{name: {k: v for k, v in arch.items() if k != 'decomposed'} for name, arch in RMT.arch_zoo.items()},
+        't': dict(embed_dims=(64, 128, 256, 512), depths=(2, 2, 10, 2), num_heads=(4, 4, 8, 16),
+                  mlp_ratios=(3, 3, 3, 3), heads_ranges=(4, 4, 6, 6), drop_path_rate=0.1),
+        's': dict(embed_dims=(64, 128, 256, 512), depths=(3, 4, 18, 4), num_heads=(4, 4, 8, 16),
+                  mlp_ratios=(4, 4, 3, 3), heads_ranges=(4, 4, 6, 6), drop_path_rate=0.15),
+        'b': dict(embed_dims=(80, 160, 320, 512), depths=(4, 8, 25, 8), num_heads=(5, 5, 10, 16),
+                  mlp_ratios=(4, 4, 3, 3), heads_ranges=(5, 5, 6, 6), drop_path_rate=0.4),
+        'l': dict(embed_dims=(112, 224, 448, 640), depths=(4, 8, 28, 8), num_heads=(7, 7, 14, 20),
+                  mlp_ratios=(4, 4, 3, 3), heads_ranges=(6, 6, 6, 6), drop_path_rate=0.55),
+        # Swin-T/S/B exactly (C, depths, heads, MLP ratio 4, drop path)
         'swin_t': dict(style='swin', embed_dims=(96, 192, 384, 768), depths=(2, 2, 6, 2), num_heads=(3, 6, 12, 24),
-                       mlp_ratios=(4, 4, 4, 4), heads_ranges=(4, 4, 6, 6),
-                       full_attention=(False, False, False, False), drop_path_rate=0.2),
+                       mlp_ratios=(4, 4, 4, 4), heads_ranges=(4, 4, 6, 6), drop_path_rate=0.2),
+        'swin_s': dict(style='swin', embed_dims=(96, 192, 384, 768), depths=(2, 2, 18, 2),
+                       num_heads=(3, 6, 12, 24), mlp_ratios=(4, 4, 4, 4), heads_ranges=(4, 4, 6, 6),
+                       drop_path_rate=0.3),
+        'swin_b': dict(style='swin', embed_dims=(128, 256, 512, 1024), depths=(2, 2, 18, 2),
+                       num_heads=(4, 8, 16, 32), mlp_ratios=(4, 4, 4, 4), heads_ranges=(4, 4, 6, 6),
+                       drop_path_rate=0.5),
     }
     _arch_keys = ('embed_dims', 'depths', 'num_heads')
     _arch_prefix = 'evt'

@@ -18,7 +18,8 @@ from mmengine.registry import MODELS
 from timm.layers import DropPath, Mlp, trunc_normal_
 from torch import Tensor
 
-from mmvisatt.checkpoint import register_converter
+from mmvisatt.checkpoint import CheckpointMismatchError, register_converter
+from mmvisatt.checkpoint.loading import abbreviate
 from ..layers.attention import resolve_fused_attn
 from ..layers.checkpoint import checkpoint
 from ..layers.patch import PatchEmbed, PatchMerging
@@ -147,9 +148,11 @@ class ReSwinTransformer(AttentionBackbone):
     Args:
         arch: 't', 's', 'b' (Swin-T/S/B shapes, also 'reswin_t' etc.) or a dict with ``embed_dims``,
             ``depths`` and ``num_heads``.
-        residual_mode: ``'aligned'`` (default) carries scores by image position with a learnable ``alpha``;
-            ``'official'`` reproduces ADiko1997/ReViT ``model/reswin.py`` (constant 0.5 mix, slot-wise nearest
-            resize, no ``alpha`` parameter) so the released checkpoint keeps its meaning.
+        residual_mode: ``'aligned'`` carries scores by image position with a learnable ``alpha``; ``'official'``
+            reproduces ADiko1997/ReViT ``model/reswin.py`` (constant 0.5 mix, slot-wise nearest resize, no
+            ``alpha`` parameter) so the released checkpoint keeps its meaning. None (default) takes the preset's:
+            ``'official'`` for ``'t'``, whose released weights were trained that way, ``'aligned'`` for ``'s'``,
+            ``'b'`` and arch dicts (which may name their own ``residual_mode``).
         alpha_init: initial value of the learnable gate (``'aligned'`` mode only).
         out_indices: stages whose (normalised) outputs are returned, strides 4/8/16/32.
         frozen_stages: stages (and the patch embedding, and alpha once any stage is frozen) kept in eval mode
@@ -158,7 +161,7 @@ class ReSwinTransformer(AttentionBackbone):
         with_cp: activation checkpointing per block.
     """
     arch_zoo: Dict[str, dict] = {
-        't': dict(embed_dims=96, depths=(2, 2, 6, 2), num_heads=(3, 6, 12, 24)),
+        't': dict(embed_dims=96, depths=(2, 2, 6, 2), num_heads=(3, 6, 12, 24), residual_mode='official'),
         's': dict(embed_dims=96, depths=(2, 2, 18, 2), num_heads=(3, 6, 12, 24)),
         'b': dict(embed_dims=128, depths=(2, 2, 18, 2), num_heads=(4, 8, 16, 32)),
     }
@@ -171,11 +174,13 @@ class ReSwinTransformer(AttentionBackbone):
 
     def __init__(self, arch: Union[str, dict] = 't', in_channels: int = 3, patch_size: int = 4,
                  window_size: int = 7, mlp_ratio: float = 4., qkv_bias: bool = True, drop_rate: float = 0.,
-                 attn_drop_rate: float = 0., drop_path_rate: float = 0.1, residual_mode: str = 'aligned',
+                 attn_drop_rate: float = 0., drop_path_rate: float = 0.1, residual_mode: Optional[str] = None,
                  alpha_init: float = 0.5, out_indices: Sequence[int] = (0, 1, 2, 3), frozen_stages: int = -1,
                  norm_eval: bool = False, with_cp: bool = False, init_cfg: Optional[dict] = None):
         super().__init__(init_cfg=init_cfg)
         arch = self._resolve_arch(arch)
+        if residual_mode is None:
+            residual_mode = arch.get('residual_mode', 'aligned')
         if residual_mode not in ALIGNERS:
             raise ValueError(f"residual_mode must be one of {sorted(ALIGNERS)}, got '{residual_mode}'")
         depths, heads = arch['depths'], arch['num_heads']
@@ -611,6 +616,13 @@ def convert_reswin_checkpoint(state_dict: Dict[str, Tensor], prefixed: bool) -> 
         return (_from_mmdet(state_dict), 'mmdet-swin') if 'stages.0.blocks.0.attn.w_msa.qkv.weight' in keys else None
     if 'layers.0.blocks.0.attn.qkv.weight' not in keys:
         return None
+    v2 = sorted(k for k in keys if k.endswith(('attn.logit_scale', 'attn.cpb_mlp.0.weight')))
+    if v2:
+        raise CheckpointMismatchError(
+            f'a Swin Transformer V2 checkpoint ({abbreviate(v2, 2)}: cosine attention with a learned logit scale and '
+            f'a continuous position-bias MLP), not Swin (V1), which ReSwin extends: its weights would mean something '
+            f'else here. Use a Swin V1 file, e.g. timm swin_tiny_patch4_window7_224 or the official '
+            f'swin_tiny_patch4_window7_224.pth')
     # official and ReSwin put patch merging at the end of a stage, timm at the start of the next one
     official = 'layers.0.downsample.reduction.weight' in keys
     num_stages = 1 + max(int(k.split('.')[1]) for k in keys if k.startswith('layers.'))

@@ -158,9 +158,10 @@ class RMT(DecayBackbone):
             ``model``, which the ``'t'`` preset picks).
     """
     arch_zoo: Dict[str, dict] = {
+        # RMT-T's reported accuracy is of the plain weights, S/B/L's of the EMA (qhfan/RMT issue 25)
         't': dict(embed_dims=(64, 128, 256, 512), depths=(2, 2, 8, 2), num_heads=(4, 4, 8, 16),
                   mlp_ratios=(3, 3, 3, 3), heads_ranges=(4, 4, 6, 6), decomposed=(True, True, False, False),
-                  drop_path_rate=0.1),
+                  drop_path_rate=0.1, release_keys=('model', 'model_ema')),
         's': dict(embed_dims=(64, 128, 256, 512), depths=(3, 4, 18, 4), num_heads=(4, 4, 8, 16),
                   mlp_ratios=(4, 4, 3, 3), heads_ranges=(4, 4, 6, 6), drop_path_rate=0.15),
         'b': dict(embed_dims=(80, 160, 320, 512), depths=(4, 8, 25, 8), num_heads=(5, 5, 10, 16),
@@ -180,10 +181,8 @@ class RMT(DecayBackbone):
                  out_indices: Optional[Sequence[int]] = None, frozen_stages: int = -1, norm_eval: bool = False,
                  with_cp: bool = False, norm_cfg: Optional[dict] = None, init_cfg: Optional[dict] = None):
         super().__init__(init_cfg=init_cfg)
-        if isinstance(arch, str) and self._resolve_arch(arch) == self._resolve_arch('t'):
-            # issue #25: RMT-T's reported accuracy is of the non-EMA weights
-            self._release_keys = ('model', 'model_ema')
         arch = self._resolve_arch(arch)
+        self._release_keys = tuple(arch.get('release_keys', self._release_keys))
         keys = ('mlp_ratios', 'init_values', 'heads_ranges', 'decomposed', 'layer_scales')
         dims, depths, heads, per_stage = self._stage_settings(arch, keys, 'RMT')
         n = len(depths)

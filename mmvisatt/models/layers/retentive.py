@@ -1,5 +1,5 @@
-"""The convolutional parts of RMT's network that EVT reuses: the 4-conv stem, the strided-conv downsampling, the
-FFN with a depthwise conv, and the block (CPE, attention, FFN) around any attention module. All channels-last
+"""The convolutional parts of RMT's network that EVT reuses: the 4-conv stem, the strided-conv downsampling and the
+block (CPE, attention, FFN) around any attention module; and RMT's FFN with a depthwise conv. All channels-last
 (B, H, W, C).
 
 For deployment, ``mmcv.cnn.fuse_conv_bn(model)`` folds the stem's and the downsampling's BatchNorms into their
@@ -10,7 +10,7 @@ from typing import Optional
 import torch
 import torch.nn as nn
 from mmcv.cnn import build_norm_layer
-from timm.layers import DropPath
+from timm.layers import DropPath, Mlp
 from torch import Tensor
 
 
@@ -37,17 +37,19 @@ class RetentiveBlock(nn.Module):
     """x += DWConv3x3(x) (CPE); x += ls1 * attn(LN(x)); x += ls2 * FFN(LN(x)).
 
     ``attn`` is any module called as ``attn(x, *context)`` with the context its stage prepares (MaSA in RMT, EuSA
-    in EVT), so the two families share the block.
+    in EVT), so the two families share the block. ``conv_ffn`` picks RMT's FFN (:class:`ConvFFN`); EVT's is the
+    classic two-layer MLP (timm's ``Mlp``, same ``fc1`` / ``fc2`` names).
     """
 
     def __init__(self, dim: int, attn: nn.Module, mlp_ratio: float, drop_path: float = 0.,
-                 layer_scale: Optional[float] = None):
+                 layer_scale: Optional[float] = None, conv_ffn: bool = True):
         super().__init__()
         self.cpe = nn.Conv2d(dim, dim, 3, 1, 1, groups=dim)
         self.norm1 = nn.LayerNorm(dim, eps=1e-6)
         self.attn = attn
         self.norm2 = nn.LayerNorm(dim, eps=1e-6)
-        self.ffn = ConvFFN(dim, int(mlp_ratio * dim))
+        hidden = int(mlp_ratio * dim)
+        self.ffn = ConvFFN(dim, hidden) if conv_ffn else Mlp(dim, hidden, act_layer=nn.GELU)
         self.drop_path = DropPath(drop_path) if drop_path > 0. else nn.Identity()
         if layer_scale is not None:
             self.gamma_1 = nn.Parameter(torch.full((dim, ), float(layer_scale)))
