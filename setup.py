@@ -65,10 +65,14 @@ setup(
     package_data={'mmvisatt': add_mim_extension()},
     python_requires='>=3.8',
     install_requires=read_requirements('runtime.txt'),
+    # what the models, configs and tools need is installed; the corruption benchmark and ONNX export are extras
     extras_require={
         'mim': read_requirements('mminstall.txt'),
-        'tests': read_requirements('tests.txt'),
-        'all': read_requirements('mminstall.txt') + read_requirements('tests.txt'),
+        'robustness': read_requirements('robustness.txt'),
+        'onnx': read_requirements('onnx.txt'),
+        'tests': read_requirements('tests.txt') + read_requirements('robustness.txt') + read_requirements('onnx.txt'),
+        'all': (read_requirements('mminstall.txt') + read_requirements('tests.txt')
+                + read_requirements('robustness.txt') + read_requirements('onnx.txt')),
     },
     zip_safe=False,
 )

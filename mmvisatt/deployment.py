@@ -4,6 +4,7 @@ The export uses the current exporter (``torch.onnx.export(..., dynamo=True)``, o
 inference path. ``docs/deployment.md`` lists what exports with dynamic height and width and what only at a fixed
 size, and why.
 """
+import importlib.util
 import io
 import time
 from contextlib import redirect_stdout
@@ -155,6 +156,10 @@ def export_onnx(model: nn.Module, path: str, height: int, width: int, dynamic: b
     """Export ``model`` (image -> tuple of maps) to ``path`` and check it against eager in onnxruntime at
     (height, width) and, when ``dynamic``, at :func:`check_sizes`. A model whose height and width cannot be
     dynamic is exported static, and the result says why. Raises :class:`ExportError` on a mismatch."""
+    missing = [name for name in ('onnx', 'onnxscript', 'onnxruntime') if importlib.util.find_spec(name) is None]
+    if missing:
+        raise ExportError(f'ONNX export needs {", ".join(missing)}: pip install "mmvisatt[onnx]" '
+                          f'(requirements/onnx.txt)')
     start = time.perf_counter()
     image = torch.randn(1, 3, height, width)
     reason = getattr(getattr(model, 'backbone', model), 'static_export_shapes', None) if dynamic else None

@@ -8,6 +8,9 @@ import pytest
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 CONFIGS = osp.join(REPO, 'configs')
+# the development tools beside the package (benchmark, decay_kernels) import each other by file name, as when run
+# from tools/analysis; appended, so nothing installed is shadowed
+sys.path.append(osp.join(REPO, 'tools', 'analysis'))
 
 
 def _share_the_cores() -> None:

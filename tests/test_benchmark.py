@@ -13,8 +13,8 @@ import sys
 import pytest
 import torch
 
-from mmvisatt.analysis.benchmark import (BenchmarkError, BenchmarkSettings, ModelSpec, Workload, cli, main,
-                                         resolve, run_benchmark, summarize)
+from benchmark import (BenchmarkError, BenchmarkSettings, ModelSpec, Workload, cli, main, resolve, run_benchmark,
+                       summarize)
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 TINY = "{'embed_dims': 16, 'depths': (1, 1, 1, 1), 'num_heads': (1, 1, 2, 2)}"
@@ -124,7 +124,7 @@ def test_detection_config_batch_and_options(tiny_det_config):
 def test_cpu_clock_times_the_passes_and_says_so(tmp_path, capsys, monkeypatch):
     """--clock cpu reads time.process_time around each pass: a fake clock that advances 5 ms per call gives 5 ms
     passes whatever the pass took, which the wall clock would not."""
-    import mmvisatt.analysis.benchmark as benchmark
+    import benchmark
     ticks = iter(range(10 ** 6))
     monkeypatch.setitem(benchmark.CLOCKS, 'cpu', lambda: next(ticks) * 5e-3)
     out = tmp_path / 'cpu.json'
@@ -141,7 +141,7 @@ def test_cpu_clock_splits_user_and_system_time(tmp_path, capsys, monkeypatch):
     """With --clock cpu each pass also gets its user and system time and minor page faults (getrusage
     differences): a fake usage that advances 3 ms user, 1 ms system and 10 faults per reading gives exactly those
     per pass. The wall clock reports no split."""
-    import mmvisatt.analysis.benchmark as benchmark
+    import benchmark
     readings = iter(range(10 ** 6))
 
     def fake_usage():
@@ -204,7 +204,7 @@ def test_forward_flops_are_the_known_count():
 def test_timm_features_pad_the_input_for_their_patch_embedding():
     """A 70x45 input is padded to 96x64 (multiples of 32) for timm's patch embeddings: four maps at strides 4-32
     (Swin's channels last, as timm gives them)."""
-    from mmvisatt.analysis.benchmark import TimmFeatures
+    from benchmark import TimmFeatures
     for name, layout in (('swin_tiny_patch4_window7_224', 'NHWC'), ('mvitv2_tiny', 'NCHW')):
         with torch.no_grad():
             outs = TimmFeatures(name, (70, 45)).eval()(torch.randn(1, 3, 70, 45))
@@ -215,7 +215,7 @@ def test_timm_features_pad_the_input_for_their_patch_embedding():
 def test_suite_targets():
     """The suite's models all resolve, and its targets read the report: step ratios bounded from above, FLOP-rate
     ratios from below; a target whose models are missing is left out."""
-    from mmvisatt.analysis.benchmark import SUITE_TARGETS, SUITES, evaluate_targets, markdown_report, parse_spec
+    from benchmark import SUITE_TARGETS, SUITES, evaluate_targets, markdown_report, parse_spec
     for name in SUITES['t-presets']:
         assert resolve(parse_spec(name), shape=(64, 96)).is_backbone
     targets = SUITE_TARGETS['t-presets']
@@ -394,7 +394,7 @@ def test_profile_splits_a_pass_by_kind_of_op(capsys):
 def test_allocator_option_reexecutes_with_the_setting(allocator, tmp_path):
     """``--allocator`` restarts the command with the allocator's environment (what the timings ran under is in the
     report); a missing jemalloc is a one-line error that says how to install it."""
-    from mmvisatt.analysis.benchmark import JEMALLOC_LIBRARIES
+    from benchmark import JEMALLOC_LIBRARIES
     out = tmp_path / 'report.json'
     proc = subprocess.run([sys.executable, osp.join(ROOT, 'tools', 'analysis', 'benchmark.py'), '--backbone', 'RMT',
                            '--arch', "{'embed_dims': (16, 32, 64), 'depths': (1, 1, 1), 'num_heads': (2, 2, 4)}",

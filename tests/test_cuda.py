@@ -302,11 +302,11 @@ def test_caches_hand_each_device_its_own_tensors(name):
 
 @pytest.mark.parametrize('metric', ['manhattan', 'euclidean'])
 def test_flex_decay_equals_the_decay_mask_with_gradients(metric):
-    """The compiled FlexAttention score_mod of mmvisatt.analysis.decay_kernels against the models' mask path
+    """The compiled FlexAttention score_mod of tools/analysis/decay_kernels.py against the models' mask path
     (the CPU test compares the eager forward; FlexAttention has no CPU backward)."""
     from torch.nn.attention.flex_attention import flex_attention
 
-    from mmvisatt.analysis.decay_kernels import flex_decayed_attention, mask_decayed_attention
+    from decay_kernels import flex_decayed_attention, mask_decayed_attention
     from mmvisatt.models.layers.spatial_decay import SpatialDecay
     height, width = 20, 26
     decay = SpatialDecay(4, 2., 6.).to(CUDA)
@@ -322,7 +322,7 @@ def test_flex_decay_equals_the_decay_mask_with_gradients(metric):
 
 
 def test_benchmark_reports_cuda_events_memory_and_flop_rate():
-    from mmvisatt.analysis.benchmark import main
+    from benchmark import main
     report = main(['--backbone', 'RMT', '--arch', str(TWO_PATH_CASES['rmt'][1]['arch']), '--device', 'cuda',
                    '--shape', '96', '128', '--batch-size', '2', '--dtype', 'bf16', '--warmup', '1', '--repeats', '10',
                    '--compare', 'timm.swin_tiny_patch4_window7_224'])

@@ -1,11 +1,10 @@
-"""The FlexAttention candidate for RMT's / EVT's full-grid decay (mmvisatt.analysis.decay_kernels) computes what the
+"""The FlexAttention candidate for RMT's / EVT's full-grid decay (tools/analysis/decay_kernels.py) computes what the
 models' decay-mask path computes, and the comparison tool reads the presets' full-attention stages."""
 import pytest
 import torch
 
 import mmvisatt.models  # noqa: F401
-from mmvisatt.analysis.decay_kernels import (compare_decay_kernels, decay_stages, flex_decayed_attention,
-                                             mask_decayed_attention)
+from decay_kernels import compare_decay_kernels, decay_stages, flex_decayed_attention, mask_decayed_attention
 from mmvisatt.models.layers.spatial_decay import SpatialDecay
 
 

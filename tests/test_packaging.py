@@ -129,3 +129,13 @@ def test_setup_says_when_the_disk_is_too_small_for_torch(tmp_path):
                      r'disk', run.stderr), run.stderr
     assert not osp.exists(tmp_path / 'venv' / 'lib' / f'python{sys.version_info[0]}.{sys.version_info[1]}'
                           / 'site-packages' / 'torch')
+
+
+def test_the_package_imports_no_benchmark():
+    """The development bench (timers, suites, the allocator re-exec) lives in tools/, beside the package."""
+    import subprocess
+    import sys
+    code = ('import sys, mmvisatt, mmvisatt.analysis, mmvisatt.models, mmvisatt.engine; '
+            'print(sorted(m for m in sys.modules if "benchmark" in m or "decay_kernels" in m))')
+    out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "['mmvisatt.robustness.benchmark']" or out == '[]', out

@@ -82,7 +82,29 @@ if ! "$py" -c 'import mmcv, mmcv.ops, sys; sys.exit(mmcv.__version__ != "2.1.0")
     # torch >= 2.14 headers refuse anything older than C++20
     sed -i 's/-std=c++17/-std=c++20/g' "$build/mmcv-2.1.0/setup.py"
     mkdir -p "$wheels"
-    (cd "$build/mmcv-2.1.0" && MAX_JOBS=${MAX_JOBS:-$(nproc)} "${pip[@]}" wheel -q --no-build-isolation --no-deps . -w "$wheels")
+    src=$build/mmcv-2.1.0
+    # the sources setup.py compiles: the C++ ops, and with CUDA the kernels too
+    total=$(ls "$src"/mmcv/ops/csrc/pytorch/*.cpp "$src"/mmcv/ops/csrc/pytorch/cpu/*.cpp | wc -l)
+    case $key in
+      *-cu*) total=$((total + $(ls "$src"/mmcv/ops/csrc/pytorch/cuda/*.cu "$src"/mmcv/ops/csrc/pytorch/cuda/*.cpp |
+                                wc -l))) ;;
+    esac
+    (cd "$src" && MAX_JOBS=${MAX_JOBS:-$(nproc)} "${pip[@]}" wheel -q --no-build-isolation --no-deps . -w "$wheels") &
+    builder=$!
+    # a heartbeat once a minute: objects compiled so far (pip builds in the source tree), elapsed and left
+    start=$SECONDS
+    while kill -0 "$builder" 2>/dev/null; do
+      for _ in $(seq 60); do kill -0 "$builder" 2>/dev/null && sleep 1; done
+      kill -0 "$builder" 2>/dev/null || break
+      done_=$(find "$src/build" -name '*.o' 2>/dev/null | wc -l)
+      elapsed=$((SECONDS - start))
+      left=''
+      if [ "$done_" -gt 0 ] && [ "$done_" -lt "$total" ]; then
+        left=", about $(((elapsed * (total - done_) / done_ + 59) / 60)) min left"
+      fi
+      log "building mmcv: $done_ / $total objects compiled, $((elapsed / 60)) min $((elapsed % 60)) s$left"
+    done
+    wait "$builder"
     whl=$(ls "$wheels"/mmcv-2.1.0-*.whl | head -n1)
   fi
   "${pip[@]}" install -q --force-reinstall --no-deps "$whl"
@@ -90,7 +112,7 @@ if ! "$py" -c 'import mmcv, mmcv.ops, sys; sys.exit(mmcv.__version__ != "2.1.0")
 fi
 
 "${pip[@]}" install -q -r "$repo/requirements/mminstall.txt" -r "$repo/requirements/runtime.txt" \
-  -r "$repo/requirements/tests.txt"
+  -r "$repo/requirements/tests.txt" -r "$repo/requirements/robustness.txt" -r "$repo/requirements/onnx.txt"
 # without its dependencies: requirements/mim.txt says why
 "${pip[@]}" install -q --no-deps -r "$repo/requirements/mim.txt"
 "${pip[@]}" install -q --no-deps -e "$repo"

@@ -4,7 +4,6 @@ the residual gates, read from a model through forward hooks (the model is never 
 ``tools/analysis/*.py`` are the command-line faces; ``docs/analysis.md`` explains the numbers.
 """
 from .attention_maps import AttentionMap, attention_map, attention_maps, query_attention, resolve_layers
-from .benchmark import BenchmarkError, BenchmarkSettings, ModelSpec, format_report, run_benchmark
 from .capture import (AttentionCapture, BlockOutputCapture, PooledAttentionRecord, UnsupportedModelError,
                       WindowAttentionRecord, attention_layers)
 from .feature_collapse import FeatureCollapseResult, feature_collapse, mean_pairwise_cosine
@@ -21,5 +20,5 @@ __all__ = [
     'build_backbone', 'load_images', 'LayerNonLocality', 'NonLocalityResult', 'non_locality',
     'pooled_non_locality', 'record_non_locality', 'window_non_locality', 'plot_attention_map',
     'plot_feature_collapse', 'plot_non_locality', 'Gate', 'format_summary', 'model_summary', 'parameter_table',
-    'residual_gates', 'BenchmarkError', 'BenchmarkSettings', 'ModelSpec', 'format_report', 'run_benchmark'
+    'residual_gates'
 ]

@@ -36,7 +36,7 @@ def _library():
         import imagecorruptions
     except ImportError as error:
         raise ImportError('the corruption benchmark needs imagecorruptions-imaug: '
-                          'pip install imagecorruptions-imaug (it is in requirements/runtime.txt)') from error
+                          'pip install "mmvisatt[robustness]" (requirements/robustness.txt)') from error
     if 'seed' not in inspect.signature(imagecorruptions.glass_blur).parameters:
         raise ImportError('the installed imagecorruptions is the unmaintained 1.1.2 release, whose glass_blur and '
                           'fog fail with current numpy / scikit-image: pip uninstall -y imagecorruptions && '

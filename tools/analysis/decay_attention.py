@@ -4,14 +4,15 @@ that never builds the N x N mask, forward + backward time and peak memory per st
     python tools/analysis/decay_attention.py --device cuda --shape 800 1333 --batch-size 2 --dtype bf16
     python tools/analysis/decay_attention.py --device cpu --shape 224 320 --no-compile   # values, forward only
 
-The logic lives in :mod:`mmvisatt.analysis.decay_kernels`.
+The logic lives in ``tools/analysis/decay_kernels.py``.
 """
 import argparse
 import json
 
+from benchmark import DTYPES  # tools/analysis, beside this file
+from decay_kernels import compare_decay_kernels, decay_stages
+
 import mmvisatt.models  # noqa: F401  (registers the backbones)
-from mmvisatt.analysis.benchmark import DTYPES
-from mmvisatt.analysis.decay_kernels import compare_decay_kernels, decay_stages
 
 
 def main(argv=None):

@@ -5,6 +5,7 @@ Pairs:
                           ShuntedTransformer, ReViT or ReMViTv2, same weights (the reference model gets the fast
                           model's state_dict)
   reswin                  ReSwinTransformer(arch='t') / mmdet SwinTransformer of the same shape and settings
+                          (--residual-mode aligned for the position-aligned residual scores)
   reswin-det              a whole detector config with a ReSwin backbone (--config, default
                           configs/mask_rcnn_reswin_t_1x.py) / the same detector with mmdet's SwinTransformer of
                           the same shape in its place; every tensor the two share (neck, heads, output norms)
@@ -33,8 +34,8 @@ import torch
 from mmengine.registry import MODELS
 
 import mmvisatt.models  # noqa: F401  (registers the backbones)
-from mmvisatt.analysis.benchmark import (ALLOCATORS, CLOCKS, TimmFeatures, apply_allocator, cpu_split, cpu_usage,
-                                         current_allocator, time_pass)
+from benchmark import (ALLOCATORS, CLOCKS, TimmFeatures, apply_allocator, cpu_split, cpu_usage, current_allocator,
+                       time_pass)
 
 # the backbones with two attention paths under the one ``fused_attn`` switch (ReSwin has one)
 FAMILIES = ('RMT', 'EVT', 'FAN', 'ShuntedTransformer', 'ReViT', 'ReMViTv2')
@@ -62,7 +63,7 @@ def swin_like(reswin_cfg: dict) -> dict:
 
 def build_detector_pair(config: str, shape, seed: int = 0):
     """(ReSwin detector, Swin detector, batch, names of the tensors copied from the first to the second)."""
-    from mmvisatt.analysis.benchmark import BenchmarkSettings, ModelSpec, build_model, det_batch, resolve
+    from benchmark import BenchmarkSettings, ModelSpec, build_model, det_batch, resolve
     resolved = resolve(ModelSpec(config), shape=tuple(shape))
     backbone = resolved.cfg.get('backbone') or {}
     if backbone.get('type') != 'ReSwinTransformer':
@@ -124,7 +125,7 @@ def build_pair(args):
         return reference_model, fast_model, 'fused_attn=False', 'fused_attn=True', run
     if args.pair == 'reswin':
         import mmdet.models  # noqa: F401  (registers mmdet.SwinTransformer)
-        reswin_cfg = dict(type='ReSwinTransformer', arch='t')
+        reswin_cfg = dict(type='ReSwinTransformer', arch='t', residual_mode=args.residual_mode)
         swin = MODELS.build(swin_like(reswin_cfg))
         return MODELS.build(reswin_cfg), swin, 'ReSwin-T', 'mmdet Swin-T', run
     return (MODELS.build(dict(type='ReMViTv2', arch='t')),
@@ -139,6 +140,8 @@ def main(argv=None):
     parser.add_argument('family', nargs='?', help='fast-path: ' + ', '.join(FAMILIES))
     parser.add_argument('arch', nargs='?', help='fast-path: arch preset (t, hybrid_t, ...)')
     parser.add_argument('--config', default=DET_CONFIG, help='reswin-det: detector config with a ReSwin backbone')
+    parser.add_argument('--residual-mode', choices=['official', 'aligned'],
+                        help="reswin: ReSwin-T's residual alignment (default: the preset's, 'official')")
     parser.add_argument('--shape', type=int, nargs=2, default=[224, 224], metavar=('H', 'W'))
     parser.add_argument('--repeats', type=int, default=7)
     parser.add_argument('--warmup', type=int, default=2)

@@ -395,35 +395,11 @@ def _init_fan_module(m: nn.Module) -> None:
         trunc_normal_(m.relative_position_bias_table, std=.02)
 
 
-class _FormDispatch(type(AttentionBackbone)):
-    """``FAN(arch=...)`` builds the class of the arch's form. An argument that form does not have is dropped when
-    it holds the value it defaults to in the forms that have it (e.g. ``classifier=False`` for Swin), and is an
-    error otherwise."""
-
-    def __call__(cls, arch: Union[str, dict] = 'hybrid_s', form: Optional[str] = None, **kwargs):
-        if cls is not FAN:
-            return super().__call__(arch, form, **kwargs)
-        target = _FORM_CLASSES[cls._resolve_form(arch, form)['form']]
-        accepted = inspect.signature(target.__init__).parameters
-        for name in [n for n in kwargs if n not in accepted]:
-            owners = {f: c for f, c in _FORM_CLASSES.items() if name in inspect.signature(c.__init__).parameters}
-            defaults = {inspect.signature(c.__init__).parameters[name].default for c in owners.values()}
-            if owners and defaults == {kwargs[name]}:
-                del kwargs[name]
-                continue
-            where = (f"exists for the {' and '.join(owners)} form{'s' if len(owners) > 1 else ''} only"
-                     if owners else 'is not an argument of any FAN')
-            raise ValueError(f"'{name}' {where}, not a {target.form} FAN ({target.__name__})")
-        return target(arch, form, **kwargs)
-
-
-@MODELS.register_module()
-class FAN(AttentionBackbone, metaclass=_FormDispatch):
-    """Fully Attentional Networks as a dense backbone (NCHW maps at strides 4/8/16/32).
-
-    ``FAN(arch=...)`` (and ``type='FAN'`` in a config) builds the class of the arch's form: :class:`FANViT`,
-    :class:`FANHybrid` or :class:`FANSwin`; an argument the form does not have is an error that says which forms
-    have it. Arguments below are marked with the forms they apply to where not all.
+class FANBase(AttentionBackbone):
+    """Fully Attentional Networks as a dense backbone (NCHW maps at strides 4/8/16/32): what the three forms
+    :class:`FANViT`, :class:`FANHybrid` and :class:`FANSwin` share (presets, arch names, outputs, init).
+    :class:`FAN` (``type='FAN'`` in a config) builds the form an arch names. Arguments below are marked with the
+    forms they apply to where not all.
 
     Args:
         arch: a preset, ``'{form}_{size}'`` with form ``vit``/``hybrid``/``swin`` and size ``t``/``s``/``b``/``l``
@@ -579,26 +555,19 @@ class FAN(AttentionBackbone, metaclass=_FormDispatch):
         return self._forward_dense(x)
 
 
-class FANViT(FAN):
-    """FAN-ViT: a stride-16 conv stem, FAN blocks (token attention + efficient channel attention) and, for
-    classification, the class-attention head; dense levels from a simple feature pyramid on the last block."""
-    form = 'vit'
+class _TokenFAN(FANBase):
+    """What FAN-ViT and FAN-Hybrid share: FAN blocks on a stem's tokens, the class-attention head, the
+    classifier output and the layer order; each form builds its stem and dense levels."""
 
-    def __init__(self, arch: Union[str, dict] = 'vit_s', form: Optional[str] = None, in_channels: int = 3,
-                 mlp_ratio: float = 4., qkv_bias: bool = True, drop_rate: float = 0., attn_drop_rate: float = 0.,
-                 drop_path_rate: float = 0.1, eta: float = 1., cls_attn_layers: int = 2,
-                 cls_tokens_norm: bool = True, classifier: bool = False, out_indices: Sequence[int] = (0, 1, 2, 3),
-                 out_norms: bool = True, out_type: str = 'featmap', pos_exponent: str = 'paired',
-                 fused_attn: Optional[bool] = None, norm_cfg: Optional[dict] = None, frozen_stages: int = -1,
-                 norm_eval: bool = False, with_cp: bool = False, init_cfg: Optional[dict] = None):
-        super().__init__(init_cfg=init_cfg)
-        arch = self._setup(arch, form, in_channels, out_indices, out_norms, out_type, frozen_stages, norm_eval,
-                           with_cp, fused_attn)
-        classifier = classifier or out_type == 'cls_token'
-        bn = partial(_build_bn, norm_cfg or dict(type='BN'))
+    def _build_tokens(self, arch: dict, stem: nn.Module, mlp_ratio: float, qkv_bias: bool, drop_rate: float,
+                      attn_drop_rate: float, drop_path_rate: float, eta: float, cls_attn_layers: int,
+                      cls_tokens_norm: bool, classifier: bool, class_attention: bool, pos_exponent: str,
+                      bn: Callable[[int], nn.Module]) -> None:
+        """The stem (built by the form), Fourier position encoding, FAN blocks and, where ``classifier`` or
+        ``class_attention`` (a dense level reads it), the class-attention head."""
         dim, heads, depth = arch['embed_dims'], arch['num_heads'], arch['depth']
         self.patch_size = 16  # the token stride, and the smallest input side accepted
-        self.patch_embed = self._build_stem(arch, bn)
+        self.patch_embed = stem
         self.pos_embed = FourierPositionEncoding(dim, exponent=pos_exponent)
         self.pos_drop = nn.Dropout(drop_rate)
         self.blocks = nn.ModuleList([
@@ -607,7 +576,7 @@ class FANViT(FAN):
         ])
         self.out_block = arch.get('out_block', depth - 1) % depth
         self.cls_token = self.cls_attn_blocks = self.cls_norm = None
-        if classifier or self._needs_class_attention():
+        if classifier or class_attention:
             self.cls_token = nn.Parameter(torch.zeros(1, 1, dim))
             self.cls_attn_blocks = nn.ModuleList([
                 ClassAttentionBlock(dim, heads, mlp_ratio, qkv_bias, drop_rate, attn_drop_rate, eta,
@@ -615,22 +584,6 @@ class FANViT(FAN):
             ])
         if classifier:
             self.cls_norm = nn.LayerNorm(dim, eps=1e-6)
-        self._build_dense(arch)
-        self._add_output_norms(1e-6)
-        self._freeze_stages()
-
-    def _build_stem(self, arch: dict, bn: Callable[[int], nn.Module]) -> nn.Module:
-        return ConvPatchEmbed(self.in_channels, arch['embed_dims'], bn)
-
-    def _needs_class_attention(self) -> bool:
-        return False
-
-    def _build_dense(self, arch: dict) -> None:
-        dim = arch['embed_dims']
-        if self.out_indices:
-            self.pyramid = SimpleFeaturePyramid(dim, self.out_indices)
-        self.num_features = [int(dim * w) for w in PYRAMID_WIDTHS]
-        self.new_keys = tuple(f'norm{i}.*' for i in range(4)) + ('pyramid.*', )
 
     def _run_blocks(self, x: Tensor) -> Tuple[Tensor, Size, List[Tensor], Tensor]:
         """Stem, position encoding and FAN blocks: tokens after the last block, their grid, the stem maps and
@@ -650,9 +603,6 @@ class FANViT(FAN):
         for block in self.cls_attn_blocks:
             x = block(x)
         return x
-
-    def _dense_levels(self, tokens: Tensor, size: Size, maps: List[Tensor], picked: Tensor) -> Dict[int, Tensor]:
-        return self.pyramid(tokens_to_map(tokens, size))
 
     def _forward_dense(self, x: Tensor) -> Tuple[Tensor, ...]:
         H, W = x.shape[-2:]
@@ -684,7 +634,40 @@ class FANViT(FAN):
             yield from (('cls_token', True), ('cls_attn_blocks', False), ('cls_norm', False))
 
 
-class FANHybrid(FANViT):
+@MODELS.register_module()
+class FANViT(_TokenFAN):
+    """FAN-ViT: a stride-16 conv stem, FAN blocks (token attention + efficient channel attention) and, for
+    classification, the class-attention head; dense levels from a simple feature pyramid on the last block."""
+    form = 'vit'
+
+    def __init__(self, arch: Union[str, dict] = 'vit_s', form: Optional[str] = None, in_channels: int = 3,
+                 mlp_ratio: float = 4., qkv_bias: bool = True, drop_rate: float = 0., attn_drop_rate: float = 0.,
+                 drop_path_rate: float = 0.1, eta: float = 1., cls_attn_layers: int = 2,
+                 cls_tokens_norm: bool = True, classifier: bool = False, out_indices: Sequence[int] = (0, 1, 2, 3),
+                 out_norms: bool = True, out_type: str = 'featmap', pos_exponent: str = 'paired',
+                 fused_attn: Optional[bool] = None, norm_cfg: Optional[dict] = None, frozen_stages: int = -1,
+                 norm_eval: bool = False, with_cp: bool = False, init_cfg: Optional[dict] = None):
+        super().__init__(init_cfg=init_cfg)
+        arch = self._setup(arch, form, in_channels, out_indices, out_norms, out_type, frozen_stages, norm_eval,
+                           with_cp, fused_attn)
+        bn = partial(_build_bn, norm_cfg or dict(type='BN'))
+        dim = arch['embed_dims']
+        self._build_tokens(arch, ConvPatchEmbed(in_channels, dim, bn), mlp_ratio, qkv_bias, drop_rate,
+                           attn_drop_rate, drop_path_rate, eta, cls_attn_layers, cls_tokens_norm,
+                           classifier or out_type == 'cls_token', False, pos_exponent, bn)
+        if self.out_indices:
+            self.pyramid = SimpleFeaturePyramid(dim, self.out_indices)
+        self.num_features = [int(dim * w) for w in PYRAMID_WIDTHS]
+        self.new_keys = tuple(f'norm{i}.*' for i in range(4)) + ('pyramid.*', )
+        self._add_output_norms(1e-6)
+        self._freeze_stages()
+
+    def _dense_levels(self, tokens: Tensor, size: Size, maps: List[Tensor], picked: Tensor) -> Dict[int, Tensor]:
+        return self.pyramid(tokens_to_map(tokens, size))
+
+
+@MODELS.register_module()
+class FANHybrid(_TokenFAN):
     """FAN-Hybrid: FAN-ViT on a ConvNeXt stem (strides 4 and 8). Dense levels as the official detection backbone:
     the two ConvNeXt maps, FAN block ``out_block``, and a new 3x3 stride-2 conv on the patch tokens after the
     class-attention head (or, ``feat_downsample=False``, those tokens at stride 16, the segmentation layout)."""
@@ -698,31 +681,28 @@ class FANHybrid(FANViT):
                  pos_exponent: str = 'paired', fused_attn: Optional[bool] = None, feat_downsample: bool = True,
                  norm_cfg: Optional[dict] = None, frozen_stages: int = -1, norm_eval: bool = False,
                  with_cp: bool = False, init_cfg: Optional[dict] = None):
-        # read by _build_stem / _build_dense during FANViT's construction
+        super().__init__(init_cfg=init_cfg)
+        arch = self._setup(arch, form, in_channels, out_indices, out_norms, out_type, frozen_stages, norm_eval,
+                           with_cp, fused_attn)
         self.unbiased_stem_norms = unbiased_stem_norms
         self.feat_downsample = feat_downsample
-        super().__init__(arch, form, in_channels, mlp_ratio, qkv_bias, drop_rate, attn_drop_rate, drop_path_rate,
-                         eta, cls_attn_layers, cls_tokens_norm, classifier, out_indices, out_norms, out_type,
-                         pos_exponent, fused_attn, norm_cfg, frozen_stages, norm_eval, with_cp, init_cfg)
+        bn = partial(_build_bn, norm_cfg or dict(type='BN'))
+        dim = arch['embed_dims']
+        stem = HybridEmbed(in_channels, dim, arch['stem_depths'], arch['stem_dims'], unbiased_stem_norms, with_cp)
+        self._build_tokens(arch, stem, mlp_ratio, qkv_bias, drop_rate, attn_drop_rate, drop_path_rate, eta,
+                           cls_attn_layers, cls_tokens_norm, classifier or out_type == 'cls_token',
+                           3 in self.out_indices, pos_exponent, bn)
+        down = arch.get('down_channels', 768) if feat_downsample else dim
+        if 3 in self.out_indices and feat_downsample:
+            self.downsample = nn.Conv2d(dim, down, 3, 2, 1)
+        self.num_features = [*arch['stem_dims'][:2], dim, down]
+        self.new_keys = tuple(f'norm{i}.*' for i in range(4)) + ('downsample.*', )
+        self._add_output_norms(1e-6)
+        self._freeze_stages()
 
     @property
     def strides(self) -> Tuple[int, ...]:
         return (4, 8, 16, 32 if self.feat_downsample else 16)
-
-    def _build_stem(self, arch: dict, bn: Callable[[int], nn.Module]) -> nn.Module:
-        return HybridEmbed(self.in_channels, arch['embed_dims'], arch['stem_depths'], arch['stem_dims'],
-                           self.unbiased_stem_norms, self.with_cp)
-
-    def _needs_class_attention(self) -> bool:
-        return 3 in self.out_indices
-
-    def _build_dense(self, arch: dict) -> None:
-        dim = arch['embed_dims']
-        down = arch.get('down_channels', 768) if self.feat_downsample else dim
-        if 3 in self.out_indices and self.feat_downsample:
-            self.downsample = nn.Conv2d(dim, down, 3, 2, 1)
-        self.num_features = [*arch['stem_dims'][:2], dim, down]
-        self.new_keys = tuple(f'norm{i}.*' for i in range(4)) + ('downsample.*', )
 
     def _dense_levels(self, tokens: Tensor, size: Size, maps: List[Tensor], picked: Tensor) -> Dict[int, Tensor]:
         levels = {0: maps[0], 1: maps[1], 2: tokens_to_map(picked, size)}
@@ -738,7 +718,8 @@ class FANHybrid(FANViT):
         yield 'patch_embed.proj', False
 
 
-class FANSwin(FAN):
+@MODELS.register_module()
+class FANSwin(FANBase):
     """FAN-Swin: Swin-T/S/B/L stages whose MLPs are FAN's channel attention (``channel_attn`` per stage)."""
     form = 'swin'
     static_export_shapes = ('the window padding and shift mask are built from the map size in Python, so '
@@ -808,8 +789,28 @@ class FANSwin(FAN):
 
 
 _FORM_CLASSES = {'vit': FANViT, 'hybrid': FANHybrid, 'swin': FANSwin}
-for _cls in _FORM_CLASSES.values():
-    MODELS.register_module(module=_cls)
+
+
+@MODELS.register_module()
+class FAN(FANBase):
+    """``FAN(arch=...)`` and ``type='FAN'`` build the form the arch names: :class:`FANViT`, :class:`FANHybrid` or
+    :class:`FANSwin` (the instance is of that class). An argument the form does not have is dropped when it holds
+    the value it defaults to in the forms that have it (e.g. ``classifier=False`` for Swin, so one config can
+    switch forms), and is an error otherwise that says which forms have it. Arguments: :class:`FANBase`."""
+
+    def __new__(cls, arch: Union[str, dict] = 'hybrid_s', form: Optional[str] = None, **kwargs):
+        target = _FORM_CLASSES[cls._resolve_form(arch, form)['form']]
+        accepted = inspect.signature(target.__init__).parameters
+        for name in [n for n in kwargs if n not in accepted]:
+            owners = {f: c for f, c in _FORM_CLASSES.items() if name in inspect.signature(c.__init__).parameters}
+            defaults = {inspect.signature(c.__init__).parameters[name].default for c in owners.values()}
+            if owners and defaults == {kwargs[name]}:
+                del kwargs[name]
+                continue
+            where = (f"exists for the {' and '.join(owners)} form{'s' if len(owners) > 1 else ''} only"
+                     if owners else 'is not an argument of any FAN')
+            raise ValueError(f"'{name}' {where}, not a {target.form} FAN ({target.__name__})")
+        return target(arch, form, **kwargs)
 
 
 def _build_bn(norm_cfg: dict, channels: int) -> nn.Module:

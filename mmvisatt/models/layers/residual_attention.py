@@ -53,7 +53,7 @@ def align_by_slot(prev: WindowScores, grid: WindowGrid, batch: int, num_heads: i
 
 # Blocks of a stage alternate between two partitions and batches mostly repeat their padded size, so a few
 # cached maps serve most calls; int32 indices halve their memory (about 15 MB per map at 800x1333 input). They are
-# applied with index_select, which exports to ONNX Gather (int32 allowed), not GatherND (int64 only).
+# widened per call and applied with torch.gather (see _take), which exports to ONNX GatherElements.
 class _PairSources(NamedTuple):
     index: Tensor  # (K, L) int32
     valid: Tensor  # (K, L) bool
@@ -117,14 +117,21 @@ def align_by_position(prev: WindowScores, grid: WindowGrid, batch: int,
     index, valid, divisor, any_valid = _pair_sources(prev.grid, grid, scores.device)
     if index.shape[0] == 1:
         # One source per pair (within a stage): the average below reduces to this gather, bit for bit.
-        aligned = scores.index_select(2, index[0]) * valid[0]
+        aligned = _take(scores, index[0]) * valid[0]
     else:
         total = scores.new_zeros(scores.shape[0], scores.shape[1], index.shape[1])
         for k in range(index.shape[0]):  # a loop keeps peak memory at one gather
-            total = total + scores.index_select(2, index[k]) * valid[k]
+            total = total + _take(scores, index[k]) * valid[k]
         aligned = total / divisor
     aligned = aligned.reshape(batch, -1, grid.num_windows, N, N).transpose(1, 2)
     return aligned.reshape(batch * grid.num_windows, -1, N, N), any_valid
+
+
+def _take(scores: Tensor, index: Tensor) -> Tensor:
+    """``scores[:, :, index]`` for (B, heads, L) scores: ``torch.gather`` over an expanded (view) index copies in one
+    pass, where ``index_select`` on the last dimension and advanced indexing are several times slower on the CPU
+    (docs/performance.md), and exports as ONNX GatherElements."""
+    return torch.gather(scores, 2, index.long().expand(scores.shape[0], scores.shape[1], -1))
 
 
 def mix_scores(scores: Tensor, residual: Optional[Tensor], valid: Optional[Tensor],

@@ -21,7 +21,7 @@ import torch
 from mmengine.registry import MODELS
 from torch import Tensor
 
-from mmvisatt.analysis.benchmark import pass_ms
+from benchmark import pass_ms  # tools/analysis, beside this file
 from mmvisatt.models.layers.attention import attention
 from mmvisatt.models.layers.spatial_decay import BIAS_FLOOR, SpatialDecay
 
