@@ -18,6 +18,11 @@ BACKBONES = {
     'ReViT': (dict(embed_dims=32, depth=3, num_heads=4), (1, 2), [16, 32]),
     'FAN': (dict(form='hybrid', embed_dims=32, depth=2, num_heads=2, stem_depths=(1, 1), stem_dims=(16, 24),
                  down_channels=48), (1, 3), [24, 48]),
+    # the three FAN forms as registered classes (FAN above is the builder that picks one by the arch)
+    'FANHybrid': (dict(form='hybrid', embed_dims=32, depth=2, num_heads=2, stem_depths=(1, 1), stem_dims=(16, 24),
+                       down_channels=48), (1, 3), [24, 48]),
+    'FANViT': (dict(form='vit', embed_dims=32, depth=2, num_heads=2), (1, 2), [16, 32]),
+    'FANSwin': (dict(form='swin', embed_dims=16, depths=(1, 2, 1, 1), num_heads=(1, 2, 2, 4)), (0, 3), [16, 128]),
     'ShuntedTransformer': (dict(embed_dims=(16, 32, 32, 64), depths=(1, 1, 1, 1), num_heads=(2, 2, 2, 4),
                                 mlp_ratios=(2, 2, 2, 2), sr_ratios=(8, 4, 2, 1)), (0, 3), [16, 64]),
     # three stages: a fourth would be 1x1 at 32 px, where training-mode BatchNorm (conv downsampling) fails
@@ -41,7 +46,9 @@ def test_bare_name_builds_under_each_default_scope(scope, name):
     arch, out_indices, channels = BACKBONES[name]
     with DefaultScope.overwrite_default_scope(scope):
         model = lib.MODELS.build(dict(type=name, arch=arch, out_indices=out_indices))
-    assert isinstance(model, MODELS.get(name))
+    # FAN is a builder: it returns the registered class of the arch's form
+    form = {'vit': 'FANViT', 'hybrid': 'FANHybrid', 'swin': 'FANSwin'}.get(arch.get('form'))
+    assert isinstance(model, MODELS.get(form if name == 'FAN' else name))
     assert [o.shape[1] for o in model(torch.randn(1, 3, 32, 32))] == channels
 
 

@@ -567,7 +567,7 @@ class Workload:
         None for a whole task model, whose heads' cost depends on its proposals."""
         if self.kind != 'backbone':
             return None
-        from .model_zoo import count_multiply_adds
+        from mmvisatt.analysis.model_zoo import count_multiply_adds
         model = copy.deepcopy(self.model).to('meta').eval()
         x = torch.empty(self.batch.shape, device='meta')
         return 2 * count_multiply_adds(lambda: model(x))
