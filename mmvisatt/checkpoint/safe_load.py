@@ -19,6 +19,7 @@ executed, and what to do. :func:`load_checkpoint_file` is registered as mmengine
 ``init_cfg``, ``load_from``, ``--resume``, ``tools/test.py`` and every tool that goes through mmengine read with it.
 """
 import collections
+import functools
 import os.path as osp
 import pickle
 import re
@@ -98,17 +99,19 @@ PATH_NAMES = ('pathlib.Path', 'pathlib.PosixPath', 'pathlib.WindowsPath', 'pathl
               'pathlib.PureWindowsPath')
 
 
-def checkpoint_globals() -> List[SafeGlobal]:
+@functools.lru_cache(maxsize=None)
+def checkpoint_globals() -> Tuple[SafeGlobal, ...]:
     """Everything beyond torch's defaults that :func:`load_checkpoint_file` reads: stand-ins for the inert
-    containers of release files, and what an mmengine 0.10.7 training checkpoint contains."""
+    containers of release files, and what an mmengine 0.10.7 training checkpoint contains. Built once, so that
+    registering it again adds nothing (each stand-in record class would otherwise be a new object)."""
     stand_ins: List[SafeGlobal] = [(_record(name), name) for name in RECORD_NAMES]
     stand_ins += [(_PlainDict, name) for name in DICT_NAMES] + [(_path, name) for name in PATH_NAMES]
-    return stand_ins + [HistoryBuffer, (history_buffer_method, 'builtins.getattr')] + _numpy_globals()
+    return tuple(stand_ins + [HistoryBuffer, (history_buffer_method, 'builtins.getattr')] + _numpy_globals())
 
 
 def register_safe_globals() -> None:
     """Allowlist :func:`checkpoint_globals` for ``torch.load(weights_only=True)``; idempotent."""
-    torch.serialization.add_safe_globals(checkpoint_globals())
+    torch.serialization.add_safe_globals(list(checkpoint_globals()))
 
 
 def _refused_name(message: str) -> str:

@@ -287,11 +287,11 @@ def check_model_files(cfg: Config) -> None:
                               f'Download it again, or pass another one with --cfg-options {where}.checkpoint=PATH.',
                               zip_only=True)
     what = '--resume checkpoint' if cfg.get('resume') else 'load_from checkpoint'
-    check_checkpoint_file(cfg.get('load_from'), f'The {what}',
-                          'It was probably written by a job that was killed or ran out of disk; pick an earlier '
-                          'checkpoint, or use --resume (auto), which skips incomplete files.')
+    checkpoint = check_checkpoint_file(cfg.get('load_from'), f'The {what}',
+                                       'It was probably written by a job that was killed or ran out of disk; pick an '
+                                       'earlier checkpoint, or use --resume (auto), which skips incomplete files.')
     if not cfg.get('resume'):
-        check_load_from_fits(cfg.get('model'), cfg.get('load_from'))
+        check_load_from_fits(cfg.get('model'), cfg.get('load_from'), checkpoint)
 
 
 def _image_dirs(cfg: Config) -> List[str]:

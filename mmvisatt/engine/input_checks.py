@@ -299,8 +299,9 @@ def check_coco_annotations(path: str, train: bool = True, data: Any = None) -> N
                               f'(defined: {sorted(names.items())}). Add the categories or drop those annotations.')
 
 
-def check_checkpoint_file(path: Optional[str], what: str, fix: str, zip_only: bool = False) -> None:
-    """Raise :class:`CorruptCheckpointError` if the local checkpoint ``path`` is incomplete.
+def check_checkpoint_file(path: Optional[str], what: str, fix: str, zip_only: bool = False) -> Optional[dict]:
+    """Raise :class:`CorruptCheckpointError` if the local checkpoint ``path`` is incomplete; return what it holds
+    (memory-mapped; None for a URL, a missing file or one left to its loader).
 
     Zip-format files (``torch.save`` since torch 1.6) are checked fully. Files in the legacy pickle format cannot be
     checked without loading them and pass; so does anything else when ``zip_only`` (foreign files, e.g. an official
@@ -308,10 +309,10 @@ def check_checkpoint_file(path: Optional[str], what: str, fix: str, zip_only: bo
     one that holds more than tensors and plain data raises :class:`UnsafeCheckpointError` before the run starts.
     """
     if not path or '://' in path:
-        return
+        return None
     path = osp.expanduser(path)
     if not osp.isfile(path):
-        return
+        return None
     head = file_head(path)
     problem = not_a_checkpoint(path, head)
     if problem is not None:
@@ -321,17 +322,17 @@ def check_checkpoint_file(path: Optional[str], what: str, fix: str, zip_only: bo
         problem = checkpoint_problem(path)
         if problem is not None:
             raise CorruptCheckpointError(f'{what} {path} is {problem}. {fix}')
-    if zipped or head[:1] == b'\x80':
-        load_checkpoint_file(path, 'cpu', mmap=True)
+    return load_checkpoint_file(path, 'cpu', mmap=True) if zipped or head[:1] == b'\x80' else None
 
 
-def check_load_from_fits(model_cfg: Any, path: Optional[str]) -> None:
-    """Refuse a ``load_from`` file none of whose keys belongs to a part of the model (a backbone-only ImageNet
-    file, say): mmengine would load nothing, say nothing, and train the model from its initialisation."""
-    if not path or '://' in path or not isinstance(model_cfg, dict) or not osp.isfile(osp.expanduser(path)):
+def check_load_from_fits(model_cfg: Any, path: str, checkpoint: Optional[dict]) -> None:
+    """Refuse a ``load_from`` file (``checkpoint``: what it holds, from :func:`check_checkpoint_file`) none of whose
+    keys belongs to a part of the model (a backbone-only ImageNet file, say): mmengine would load nothing, say
+    nothing, and train the model from its initialisation."""
+    if checkpoint is None or not isinstance(model_cfg, dict):
         return
     parts = sorted(k for k, v in model_cfg.items() if isinstance(v, dict) and k != 'data_preprocessor')
-    state = unwrap_state_dict(load_checkpoint_file(path, 'cpu', mmap=True))
+    state = unwrap_state_dict(checkpoint)
     if not state or not parts or any(k.split('.', 1)[0] in parts for k in state):
         return
     try:

@@ -80,8 +80,11 @@ def _setting(dataset: dict, cls: Optional[type], name: str, default: Any = None)
 
 
 def _classes(dataset: dict, cls: Optional[type]) -> Tuple[Optional[Tuple[str, ...]], bool]:
-    """The dataset's class names and whether the config sets them (False: the dataset type's default)."""
+    """The dataset's class names and whether the config sets them (False: the dataset type's default); None for
+    a string, which :func:`_check_classes` reports (its letters are no class names)."""
     classes = (dataset.get('metainfo') or {}).get('classes')
+    if isinstance(classes, str):
+        return None, True
     if classes is not None:
         return tuple(classes), True
     default = getattr(cls, 'METAINFO', {}).get('classes') if cls is not None else None
@@ -461,7 +464,7 @@ def _check_coco_dataset(cfg: Config, loader: str, where: str, dataset: dict, sco
         return
     _check_ids_and_boxes(path, data, where, train, found)
     classes, explicit = _classes(dataset, _dataset_class(dataset, scope))
-    if classes is None or isinstance((dataset.get('metainfo') or {}).get('classes'), str):
+    if classes is None:
         return
     masks = _pipeline_loads_masks(dataset)
     cat_ids = _coco_content(path, data, where, train, masks, classes, explicit, found)
