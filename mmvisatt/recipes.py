@@ -389,6 +389,10 @@ PVT_FPN = TrainRecipe(
                 '4-GPU schedule (:18)', ))
 
 
+# the drop path of the Swin-shaped backbones' dense recipes, per Swin size (ReSwin and EVT-Swin alike)
+_SWIN_DP = {'t': dict(det=0.2, seg=0.3), 's': dict(det=0.3, seg=0.3), 'b': dict(det=0.3, seg=0.3)}
+
+
 def swin_recipes(token: str, name: str, drop_path: Mapping[str, float], backbone: Mapping[str, object],
                  official: Sequence[str] = (), reported: Optional[Mapping[str, str]] = None,
                  extra_no_decay: Tuple[str, ...] = ()) -> Dict[str, TrainRecipe]:
@@ -547,13 +551,11 @@ def _family_recipes(token: str) -> Dict[str, TrainRecipe]:
     if form in ('rmt', 'evt'):
         return rmt_recipes(token, size)
     if form == 'evt_swin':
-        # Swin-T/S/B's drop path, as ReSwin of the same size
-        dp = {'t': dict(det=0.2, seg=0.3), 's': dict(det=0.3, seg=0.3), 'b': dict(det=0.3, seg=0.3)}[size]
-        return swin_recipes(token, f'EVT-Swin-{size.upper()}', dp, {})
+        return swin_recipes(token, f'EVT-Swin-{size.upper()}', _SWIN_DP[size], {})
     if form.startswith('fan_'):
         return fan_recipes(token, form[4:], size)
     if form == 'reswin':
-        dp = {'t': dict(det=0.2, seg=0.3), 's': dict(det=0.3, seg=0.3), 'b': dict(det=0.3, seg=0.3)}[size]
+        dp = _SWIN_DP[size]
         # the released ReSwin-T weights were trained with the official code's constant mix (ADiko1997/ReViT
         # model/reswin.py); ReSwin-S/B start from Swin weights, where the learnable gate is ours to train
         backbone = dict(residual_mode='official') if size == 't' else {}

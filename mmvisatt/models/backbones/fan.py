@@ -684,7 +684,6 @@ class FANHybrid(_TokenFAN):
         super().__init__(init_cfg=init_cfg)
         arch = self._setup(arch, form, in_channels, out_indices, out_norms, out_type, frozen_stages, norm_eval,
                            with_cp, fused_attn)
-        self.unbiased_stem_norms = unbiased_stem_norms
         self.feat_downsample = feat_downsample
         bn = partial(_build_bn, norm_cfg or dict(type='BN'))
         dim = arch['embed_dims']
