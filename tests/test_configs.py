@@ -176,13 +176,13 @@ def test_every_config_passes_the_key_and_class_checks_of_tools_train():
     from the datasets' classes: no shipped config may trip either (the data files are absent here, so only the
     config-level checks of the pre-flight run)."""
     from mmvisatt.engine.entrypoints import import_task_library
-    from mmvisatt.engine.input_checks import check_top_level_keys
-    from mmvisatt.engine.preflight import head_num_classes, preflight
+    from mmvisatt.engine.preflight import check_top_level_keys
+    from mmvisatt.engine.preflight import check_dataset_contents, head_num_classes
     for path in CONFIG_FILES:
         cfg = Config.fromfile(path)
         check_top_level_keys(cfg, path)
         assert head_num_classes(cfg.model), path
-        assert preflight(cfg, import_task_library(cfg)) == [], path
+        assert check_dataset_contents(cfg, import_task_library(cfg)) == [], path
 
 
 @pytest.mark.parametrize('path', CONFIG_FILES, ids=osp.basename)
@@ -192,7 +192,7 @@ def test_config_builds_wires_and_trains_one_step(path):
     for every trainable backbone parameter (DDP stops otherwise; find_unused_parameters is off). One config per
     recipe and backbone form also checks the recipe's weight-decay rules (the presets of a form share them)."""
     cfg, scope, model = _build(path)
-    from mmvisatt.engine.input_checks import LEGACY_KEYS
+    from mmvisatt.engine.preflight import LEGACY_KEYS
     assert not [key for key in LEGACY_KEYS if key in cfg], 'mmdet 2.x keys would be refused by tools/train.py'
     model.train()
     outputs = []

@@ -9,9 +9,9 @@ from mmengine.config import Config
 from PIL import Image
 
 from conftest import CONFIGS
-from mmvisatt.engine import entrypoints
-from mmvisatt.engine.input_checks import AnnotationError
-from mmvisatt.engine.preflight import head_num_classes, preflight
+from mmvisatt.engine import entrypoints, preflight
+from mmvisatt.engine.preflight import AnnotationError
+from mmvisatt.engine.preflight import check_dataset_contents, head_num_classes
 
 CLASSES = ('cat', 'dog', 'bird')
 MASK_HEADS = ('model.roi_head.bbox_head.num_classes', 'model.roi_head.mask_head.num_classes')
@@ -62,13 +62,13 @@ def _det_cfg(root, classes=CLASSES, heads=True, config='mask_rcnn_reswin_t_3x.py
 
 def test_a_consistent_custom_set_passes(tmp_path):
     _coco_folder(tmp_path)
-    assert preflight(_det_cfg(tmp_path), 'mmdet') == []
+    assert check_dataset_contents(_det_cfg(tmp_path), 'mmdet') == []
 
 
 def test_heads_left_at_80_classes_are_named_with_the_fix(tmp_path):
     _coco_folder(tmp_path)
     with pytest.raises(AnnotationError) as error:
-        preflight(_det_cfg(tmp_path, heads=False), 'mmdet')
+        check_dataset_contents(_det_cfg(tmp_path, heads=False), 'mmdet')
     text = str(error.value)
     for path in MASK_HEADS:
         assert f'{path}=80' in text and f'{path}=3' in text
@@ -86,7 +86,7 @@ def test_metainfo_on_the_train_loader_only_is_refused(tmp_path):
     _coco_folder(tmp_path)
     with pytest.raises(AnnotationError, match=r'val_dataloader.dataset does not set metainfo.*80 classes.*'
                                               r'"val_dataloader.dataset.metainfo.classes=\(cat,dog,bird,\)"'):
-        preflight(_det_cfg(tmp_path, loaders=('train',)), 'mmdet')
+        check_dataset_contents(_det_cfg(tmp_path, loaders=('train',)), 'mmdet')
 
 
 def test_the_suggested_classes_option_parses_to_the_classes(tmp_path):
@@ -102,24 +102,24 @@ def test_default_classes_with_other_categories_are_refused(tmp_path):
     _coco_folder(tmp_path, categories=('cat', 'dog', 'widget'),
                  anns=[_ann(1), _ann(2, image=2, cat=3)])
     with pytest.raises(AnnotationError, match=r"categories widget that are not among the default classes"):
-        preflight(_det_cfg(tmp_path, classes=None), 'mmdet')
+        check_dataset_contents(_det_cfg(tmp_path, classes=None), 'mmdet')
 
 
 def test_no_category_matching_the_classes_is_named(tmp_path):
     _coco_folder(tmp_path, categories=('apple', 'pear', 'plum'))
     with pytest.raises(AnnotationError, match='none of its categories .*"need at least one array'):
-        preflight(_det_cfg(tmp_path), 'mmdet')
+        check_dataset_contents(_det_cfg(tmp_path), 'mmdet')
 
 
 def test_training_on_a_subset_of_the_categories_is_a_warning(tmp_path):
     _coco_folder(tmp_path, anns=[_ann(1), _ann(2, image=2, cat=2), _ann(3, image=2, cat=3)])
-    warnings = preflight(_det_cfg(tmp_path, classes=('cat', 'dog')), 'mmdet')
+    warnings = check_dataset_contents(_det_cfg(tmp_path, classes=('cat', 'dog')), 'mmdet')
     assert any('1 annotations of categories bird' in w and 'ignored' in w for w in warnings)
 
 
 def test_classes_in_another_order_than_the_file_is_a_warning(tmp_path):
     _coco_folder(tmp_path)
-    warnings = preflight(_det_cfg(tmp_path, classes=('dog', 'cat', 'bird')), 'mmdet')
+    warnings = check_dataset_contents(_det_cfg(tmp_path, classes=('dog', 'cat', 'bird')), 'mmdet')
     assert any('another order' in w and 'cat, dog, bird' in w for w in warnings)
 
 
@@ -131,25 +131,25 @@ def test_an_evaluator_file_without_a_class_is_refused(tmp_path):
     cfg.val_evaluator.ann_file = other
     with pytest.raises(AnnotationError, match=r'val_evaluator.ann_file .*other.json has no category for classes '
                                               r'bird .*IndexError'):
-        preflight(cfg, 'mmdet')
+        check_dataset_contents(cfg, 'mmdet')
 
 
 def test_a_boxes_only_file_with_a_mask_head_is_refused(tmp_path):
     _coco_folder(tmp_path, anns=[_ann(1, segmentation=None), _ann(2, image=2, cat=2, segmentation=None)])
     with pytest.raises(AnnotationError, match=r'2 of 2 annotations have no "segmentation".*KeyError'):
-        preflight(_det_cfg(tmp_path), 'mmdet')
-    assert preflight(_det_cfg(tmp_path, config='retinanet_reswin_t_1x.py'), 'mmdet') == []
+        check_dataset_contents(_det_cfg(tmp_path), 'mmdet')
+    assert check_dataset_contents(_det_cfg(tmp_path, config='retinanet_reswin_t_1x.py'), 'mmdet') == []
 
 
 def test_crowd_only_and_degenerate_boxes(tmp_path):
     _coco_folder(tmp_path, anns=[_ann(1, crowd=1), _ann(2, image=2, crowd=1)])
     with pytest.raises(AnnotationError, match=r'none of its 2 annotations can be trained on \(2 are crowd'):
-        preflight(_det_cfg(tmp_path), 'mmdet')
+        check_dataset_contents(_det_cfg(tmp_path), 'mmdet')
     _coco_folder(tmp_path, anns=[_ann(1, bbox=(4, 4, 0, 8)), _ann(2, bbox=(100, 100, 5, 5))])
     with pytest.raises(AnnotationError, match=r'\(0 are crowd regions, 2 have zero area or lie outside'):
-        preflight(_det_cfg(tmp_path), 'mmdet')
+        check_dataset_contents(_det_cfg(tmp_path), 'mmdet')
     _coco_folder(tmp_path, anns=[_ann(1), _ann(2, image=2, bbox=(70, 4, 5, 5))])
-    warnings = preflight(_det_cfg(tmp_path), 'mmdet')
+    warnings = check_dataset_contents(_det_cfg(tmp_path), 'mmdet')
     assert any('1 of 2 annotations have zero area or lie outside their image (e.g. id 2)' in w for w in warnings)
 
 
@@ -159,20 +159,20 @@ def test_polygons_under_three_points(tmp_path):
     cfg = _det_cfg(tmp_path)
     with pytest.raises(AnnotationError, match=r'1 annotations have polygons of fewer than 3 points \(ids 2\); '
                                               r'pycocotools fails'):
-        preflight(cfg, 'mmdet')
-    warnings = preflight(cfg, 'mmdet', ('train_dataloader',))  # training only ignores them
+        check_dataset_contents(cfg, 'mmdet')
+    warnings = check_dataset_contents(cfg, 'mmdet', ('train_dataloader',))  # training only ignores them
     assert any('fewer than 3 points (e.g. id 2); mmdet ignores' in w for w in warnings)
 
 
 def test_image_sizes_and_files_are_compared_on_a_sample(tmp_path):
     _coco_folder(tmp_path, size=(64, 48), file_size=(128, 96))
     with pytest.raises(AnnotationError, match=r'says 1.jpg is 64x48, but .*1.jpg is 128x96.*NaN'):
-        preflight(_det_cfg(tmp_path), 'mmdet')
+        check_dataset_contents(_det_cfg(tmp_path), 'mmdet')
     _coco_folder(tmp_path)
     (tmp_path / 'images' / '1.jpg').unlink()
     with pytest.raises(AnnotationError, match=r'1 of the 2 images listed in .*ann.json do not exist \(.*1.jpg\).*'
                                               r'data_prefix.img'):
-        preflight(_det_cfg(tmp_path), 'mmdet')
+        check_dataset_contents(_det_cfg(tmp_path), 'mmdet')
 
 
 def test_empty_image_files_are_named(tmp_path):
@@ -180,17 +180,17 @@ def test_empty_image_files_are_named(tmp_path):
     (tmp_path / 'images' / '2.jpg').write_bytes(b'')
     with pytest.raises(AnnotationError, match=r'1 image files of train_dataloader.dataset are empty \(0 bytes\): '
                                               r'.*2.jpg'):
-        preflight(_det_cfg(tmp_path), 'mmdet')
+        check_dataset_contents(_det_cfg(tmp_path), 'mmdet')
     _ade_folder(tmp_path / 'ade')
     (tmp_path / 'ade' / 'images' / 'training' / '1.jpg').write_bytes(b'')
     with pytest.raises(AnnotationError, match=r'images/training/1.jpg'):
-        preflight(_seg_cfg(tmp_path / 'ade'), 'mmseg')
+        check_dataset_contents(_seg_cfg(tmp_path / 'ade'), 'mmseg')
 
 
 def test_an_empty_image_met_while_training_says_where_to_look(tmp_path):
     from mmcv.transforms import LoadImageFromFile
 
-    from mmvisatt.engine.input_checks import explain_image_error
+    from mmvisatt.engine.preflight import explain_image_error
     (tmp_path / 'empty.jpg').write_bytes(b'')
     with pytest.raises(Exception) as raw:
         LoadImageFromFile()(dict(img_path=str(tmp_path / 'empty.jpg')))
@@ -205,8 +205,8 @@ def test_the_image_folders_searched_for_an_empty_image_cover_every_library():
             dict(data_root='ade', data_prefix=dict(img_path='images/validation', seg_map_path='ann')),
             dict(data_root='/abs/imagenet', data_prefix='/elsewhere/val')])),
         test_dataloader=dict(dataset=dict(data_root='only_root'))))
-    assert entrypoints._image_dirs(cfg) == ['/elsewhere/val', 'ade/images/validation', 'coco/train2017/',
-                                            'only_root']
+    assert preflight.image_dirs(cfg) == ['/elsewhere/val', 'ade/images/validation', 'coco/train2017/',
+                                         'only_root']
 
 
 def test_an_exif_rotated_image_is_not_a_size_mismatch(tmp_path):
@@ -215,13 +215,13 @@ def test_an_exif_rotated_image_is_not_a_size_mismatch(tmp_path):
     exif = image.getexif()
     exif[0x0112] = 6  # rotated 90 degrees: OpenCV loads it as 48x64
     image.save(tmp_path / 'images' / '1.jpg', exif=exif)
-    assert preflight(_det_cfg(tmp_path), 'mmdet') == []
+    assert check_dataset_contents(_det_cfg(tmp_path), 'mmdet') == []
 
 
 def test_a_size_filter_that_removes_every_image_is_named(tmp_path):
     _coco_folder(tmp_path)
     with pytest.raises(AnnotationError, match=r'removes every image.*short side of 48.*min_size=48'):
-        preflight(_det_cfg(tmp_path, **{'train_dataloader.dataset.filter_cfg.min_size': 64}), 'mmdet')
+        check_dataset_contents(_det_cfg(tmp_path, **{'train_dataloader.dataset.filter_cfg.min_size': 64}), 'mmdet')
 
 
 def test_missing_annotation_keys_are_named(tmp_path):
@@ -229,7 +229,7 @@ def test_missing_annotation_keys_are_named(tmp_path):
     del ann['area']
     _coco_folder(tmp_path, anns=[ann])
     with pytest.raises(AnnotationError, match=r"1 annotations lack 'area'"):
-        preflight(_det_cfg(tmp_path), 'mmdet')
+        check_dataset_contents(_det_cfg(tmp_path), 'mmdet')
 
 
 def test_boxes_written_as_corners_are_refused(tmp_path):
@@ -238,11 +238,11 @@ def test_boxes_written_as_corners_are_refused(tmp_path):
                _ann(2, image=2, cat=2, bbox=(20, 15, 50, 40), segmentation=_polygon(20, 15, 30, 25))]
     _coco_folder(tmp_path, anns=corners)
     with pytest.raises(AnnotationError, match=r'2 of 2 boxes .* read as \[x1, y1, x2, y2\].*width = x2 - x1'):
-        preflight(_det_cfg(tmp_path), 'mmdet')
+        check_dataset_contents(_det_cfg(tmp_path), 'mmdet')
     # boxes without polygons that reach past the image while their sizes fit it as coordinates
     _coco_folder(tmp_path, anns=[_ann(1, bbox=(30, 20, 50, 40), segmentation=None)])
     with pytest.raises(AnnotationError, match=r'1 of 1 boxes'):
-        preflight(_det_cfg(tmp_path, config='retinanet_reswin_t_1x.py'), 'mmdet')
+        check_dataset_contents(_det_cfg(tmp_path, config='retinanet_reswin_t_1x.py'), 'mmdet')
 
 
 def test_an_evaluation_file_without_annotations_is_refused(tmp_path):
@@ -252,7 +252,7 @@ def test_an_evaluation_file_without_annotations_is_refused(tmp_path):
                                 'val_evaluator.ann_file': str(tmp_path / 'val.json')})
     with pytest.raises(AnnotationError, match=r'val.json \(val_dataloader.dataset\) has 2 images but no annotations: '
                                               r'COCO evaluation would report -1'):
-        preflight(cfg, 'mmdet', ('train_dataloader', 'val_dataloader'))
+        check_dataset_contents(cfg, 'mmdet', ('train_dataloader', 'val_dataloader'))
 
 
 def test_duplicate_image_ids_are_refused(tmp_path):
@@ -261,13 +261,13 @@ def test_duplicate_image_ids_are_refused(tmp_path):
     data['images'][1]['id'] = 1
     open(path, 'w').write(json.dumps(data))
     with pytest.raises(AnnotationError, match=r'1 image ids occur more than once \(e.g. 1\).*Renumber'):
-        preflight(_det_cfg(tmp_path), 'mmdet')
+        check_dataset_contents(_det_cfg(tmp_path), 'mmdet')
 
 
 def test_classes_written_as_a_string_get_the_tuple(tmp_path):
     _coco_folder(tmp_path, anns=[_ann(1), _ann(2, image=2)], categories=('square', ))
     with pytest.raises(AnnotationError) as error:
-        preflight(_det_cfg(tmp_path, classes='square', heads=False), 'mmdet')
+        check_dataset_contents(_det_cfg(tmp_path, classes='square', heads=False), 'mmdet')
     assert "classes is the string 'square'" in str(error.value)
     assert "classes=('square',) with a trailing comma" in str(error.value)
     assert 'num_classes=6' not in str(error.value)
@@ -311,30 +311,30 @@ def _seg_cfg(root):
 @pytest.mark.parametrize('mode', ['L', 'P'])
 def test_good_segmentation_maps_pass(tmp_path, mode):
     _ade_folder(tmp_path, mode=mode)
-    assert preflight(_seg_cfg(tmp_path), 'mmseg') == []
+    assert check_dataset_contents(_seg_cfg(tmp_path), 'mmseg') == []
 
 
 def test_colour_segmentation_maps_are_refused(tmp_path):
     _ade_folder(tmp_path, mode='RGB')
     with pytest.raises(AnnotationError, match=r'0.png is a RGB colour image; mmseg needs one-channel maps'):
-        preflight(_seg_cfg(tmp_path), 'mmseg')
+        check_dataset_contents(_seg_cfg(tmp_path), 'mmseg')
 
 
 def test_label_ids_beyond_num_classes_are_refused(tmp_path):
     _ade_folder(tmp_path, labels=(0, 1, 151, 200))
     with pytest.raises(AnnotationError, match=r'holds class ids 150, 199 after reduce_zero_label.*0..149 for '
                                               r'num_classes=150'):
-        preflight(_seg_cfg(tmp_path), 'mmseg')
+        check_dataset_contents(_seg_cfg(tmp_path), 'mmseg')
 
 
 def test_maps_of_another_size_than_their_images_are_refused(tmp_path):
     _ade_folder(tmp_path, map_size=(20, 15))
     with pytest.raises(AnnotationError, match=r'is 20x15, but its image .* is 40x30'):
-        preflight(_seg_cfg(tmp_path), 'mmseg')
+        check_dataset_contents(_seg_cfg(tmp_path), 'mmseg')
 
 
 def test_images_with_another_suffix_are_named_with_the_option(tmp_path):
     _ade_folder(tmp_path, img_suffix='.png')
     with pytest.raises(AnnotationError, match=r'no .jpg images but 2 .png files.*need at least one array.*'
                                               r'--cfg-options train_dataloader.dataset.img_suffix=.png'):
-        preflight(_seg_cfg(tmp_path), 'mmseg')
+        check_dataset_contents(_seg_cfg(tmp_path), 'mmseg')

@@ -22,10 +22,10 @@ from mmengine.registry import MODELS
 
 import mmvisatt.models  # noqa: F401  (registers the backbones)
 from conftest import CONFIGS, REPO
-from mmvisatt.engine import entrypoints
+from mmvisatt.engine import entrypoints, preflight
 from mmvisatt.engine.guards import NonFiniteLossError
-from mmvisatt.engine.input_checks import (AnnotationError, ConfigKeyError, CorruptCheckpointError,
-                                          CorruptImageError, check_coco_annotations, explain_image_error)
+from mmvisatt.engine.preflight import (AnnotationError, ConfigKeyError, CorruptCheckpointError,
+                                       CorruptImageError, check_coco_annotations, explain_image_error)
 from mmvisatt.engine.reliability import atomic_write, find_resumable_checkpoint, resolve_auto_resume
 
 NO_VAL = ['val_dataloader=None', 'val_cfg=None', 'val_evaluator=None']
@@ -448,7 +448,7 @@ def test_non_finite_loss_can_be_skipped(tiny_configs, tmp_path, nan_loss_cls_at_
 # ---------------------------------------------------------------------------------------------------------------
 
 def test_missing_data_root(tmp_path, monkeypatch):
-    from mmvisatt.engine.checks import MissingDataError
+    from mmvisatt.engine.preflight import MissingDataError
     monkeypatch.chdir(tmp_path)
     with pytest.raises(MissingDataError, match=r'(?s)data/ade/ADEChallengeData2016.*--demo'):
         entrypoints.prepare_train([osp.join(CONFIGS, 'fpn_reswin_t_80k_ade20k.py')])
@@ -610,7 +610,7 @@ def test_checkpoint_of_another_family_or_truncated(tmp_path):
     path.write_bytes(path.read_bytes()[:1000])
     init = dict(type='Pretrained', checkpoint=str(path))
     with pytest.raises(CorruptCheckpointError, match=r'model\.backbone\.init_cfg .*incomplete.*Download it again'):
-        entrypoints.check_model_files(Config(dict(model=dict(backbone=dict(init_cfg=init)))))
+        preflight.check_model_files(Config(dict(model=dict(backbone=dict(init_cfg=init)))))
 
 
 def test_misspelled_cfg_options_list_close_matches(tiny_det_config, tmp_path):
@@ -694,9 +694,9 @@ def test_files_that_are_not_checkpoints_are_named_everywhere(kind, tiny_det_conf
         read_checkpoint(str(path))
     init = dict(type='Pretrained', checkpoint=str(path))
     with pytest.raises(CorruptCheckpointError, match=f'model.backbone.init_cfg {path} is {what}'):
-        entrypoints.check_model_files(Config(dict(model=dict(backbone=dict(init_cfg=init)))))
+        preflight.check_model_files(Config(dict(model=dict(backbone=dict(init_cfg=init)))))
     with pytest.raises(CorruptCheckpointError, match=f'load_from checkpoint {path} is {what}'):
-        entrypoints.check_model_files(Config(dict(model=dict(), load_from=str(path))))
+        preflight.check_model_files(Config(dict(model=dict(), load_from=str(path))))
     with pytest.raises(CorruptCheckpointError, match=f'Checkpoint {path} is {what}'):
         entrypoints.prepare_test([tiny_det_config, str(path), '--demo', '--work-dir', str(tmp_path)])
     sys.path.insert(0, osp.join(REPO, 'tools', 'model_converters'))
@@ -758,7 +758,7 @@ def test_keys_of_parts_the_runner_builds_get_their_closest_arguments(registry, c
     from mmengine import registry as registries
     with pytest.raises(TypeError) as error:
         getattr(registries, registry).build(cfg)
-    explained = entrypoints.explain_build_error(error.value)
+    explained = preflight.explain_build_error(error.value)
     assert explained is not None and f'did you mean {expected}' in str(explained)
 
 
@@ -782,7 +782,7 @@ def test_a_process_group_that_never_fills_says_what_it_waits_for(tiny_det_config
 
 
 def test_a_syntax_error_in_an_inherited_file_names_it(tmp_path):
-    from mmvisatt.engine.input_checks import ConfigFileError
+    from mmvisatt.engine.entrypoints import ConfigFileError
     (tmp_path / 'my_base.py').write_text("_base_ = [{!r}]\nmodel = dict(backbone=dict(\n    drop_path_rate=0.2,\n"
                                          .format(osp.join(REPO, 'configs', 'upernet_rmt_t_160k_ade20k.py')))
     (tmp_path / 'my_config.py').write_text("_base_ = ['./my_base.py']\n")
@@ -815,7 +815,7 @@ def test_resume_with_another_class_count_is_refused_before_training(demo_det_run
 
 
 def test_moved_data_with_a_stale_evaluator_file_is_refused(tmp_path):
-    from mmvisatt.engine.input_checks import check_evaluator_files
+    from mmvisatt.engine.preflight import check_evaluator_files
     cfg = Config.fromfile(osp.join(REPO, 'configs', 'mask_rcnn_reswin_t_1x.py'))
     check_evaluator_files(cfg)  # the shipped config is consistent
     cfg.merge_from_dict({'val_dataloader.dataset.data_root': 'data/my_set/'})
@@ -864,23 +864,23 @@ def test_a_swin_v2_file_is_not_converted_as_reswin(tmp_path):
 
 def test_home_relative_checkpoint_paths(tmp_path, monkeypatch):
     """~/... is the user's home for init_cfg, load_from, tools/test.py and the pre-flight's existence check."""
-    from mmvisatt.engine.checks import check_pretrained
+    from mmvisatt.engine.preflight import check_pretrained
     monkeypatch.setenv('HOME', str(tmp_path))
     torch.save({'state_dict': {'w': torch.ones(1)}}, tmp_path / 'weights.pth')
     cfg = Config(dict(model=dict(backbone=dict(init_cfg=dict(type='Pretrained', checkpoint='~/weights.pth')))))
     check_pretrained(cfg)
-    entrypoints.check_model_files(cfg)
+    preflight.check_model_files(cfg)
 
 
 def test_resume_from_a_missing_file_is_named(tiny_det_config, tmp_path):
-    from mmvisatt.engine.checks import MissingCheckpointError
+    from mmvisatt.engine.preflight import MissingCheckpointError
     with pytest.raises(MissingCheckpointError, match=r'--resume work_dirs/nothing/epoch_3.pth: no such file'):
         entrypoints.train_main([tiny_det_config, '--demo', '--work-dir', str(tmp_path), '--resume',
                                 'work_dirs/nothing/epoch_3.pth'])
 
 
 def test_imagenet_folders_without_class_folders_are_named(tmp_path):
-    from mmvisatt.engine.checks import MissingDataError, check_data
+    from mmvisatt.engine.preflight import MissingDataError, check_data
     cfg = Config.fromfile(osp.join(REPO, 'configs', 'imagenet_reswin_t.py'))
     for split in ('train', 'val'):
         (tmp_path / split).mkdir()
@@ -892,16 +892,16 @@ def test_imagenet_folders_without_class_folders_are_named(tmp_path):
     message = str(error.value)
     assert f'{tmp_path / "val"} holds 1 images but no class sub-folders' in message
     assert 'val_dataloader.dataset.ann_file=' in message and '--demo' not in message
-    # a missing ImageNet does not suggest --demo, which classification configs do not have
+    # a missing ImageNet suggests the classification demo
     cfg.val_dataloader.dataset.data_root = str(tmp_path / 'nowhere')
     with pytest.raises(MissingDataError) as error:
         check_data(cfg, ('val_dataloader', ))
-    assert '--demo' not in str(error.value)
+    assert '--demo' in str(error.value)
 
 
 def test_cityscapes_without_train_ids_names_the_converter(tmp_path):
     from PIL import Image
-    from mmvisatt.engine.preflight import preflight
+    from mmvisatt.engine.preflight import check_dataset_contents
     cfg = Config.fromfile(osp.join(REPO, 'configs', 'segformer_fan_hybrid_t_160k_cityscapes.py'))
     (tmp_path / 'leftImg8bit' / 'train' / 'aachen').mkdir(parents=True)
     (tmp_path / 'gtFine' / 'train' / 'aachen').mkdir(parents=True)
@@ -912,4 +912,4 @@ def test_cityscapes_without_train_ids_names_the_converter(tmp_path):
                                                                                   seg_map_path='gtFine/train'))
     with pytest.raises(AnnotationError, match=r'aachen_000000_000019_gtFine_labelIds.png does: .*'
                                               r'tools/dataset_converters/cityscapes.py'):
-        preflight(cfg, 'mmseg', ('train_dataloader', ))
+        check_dataset_contents(cfg, 'mmseg', ('train_dataloader', ))

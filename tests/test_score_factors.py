@@ -1,4 +1,4 @@
-"""ReViT's carried scores as factors (``ScoreFactors``, ``ReViT(carry_factors=...)``, the ``with_cp`` default).
+"""ReViT's carried scores as factors (``ScoreFactors``, ``ReViT(carry_factors=...)``).
 
 The factored path must be the score path's arithmetic up to rounding (outputs, every gradient including alpha's, and
 the official parity fixture), must keep no score-sized tensor for the backward, and must refuse the MViTv2 blocks
@@ -186,14 +186,17 @@ def test_revit_carry_factors_gives_the_score_path(with_cp, run):
         torch.testing.assert_close(grads[1][key], grads[0][key], rtol=1e-9, atol=1e-12, msg=key)
 
 
-def test_with_cp_carries_factors_only_where_it_checkpoints():
-    model = ReViT(with_cp=True, **TINY)
+def test_carry_factors_is_the_argument_alone():
     x = torch.randn(1, 3, 64, 64)
-    model.train()
-    assert _carried_kinds(model, x)[1] == [ScoreFactors]
-    with torch.no_grad():
-        assert _carried_kinds(model, x)[1] == [PooledScores]  # inference: the faster score path
-    assert _carried_kinds(ReViT(**TINY).train(), x)[1] == [PooledScores]
+    for with_cp in (False, True):
+        model = ReViT(carry_factors=True, with_cp=with_cp, **TINY).train()
+        assert _carried_kinds(model, x)[1] == [ScoreFactors]
+        with torch.no_grad():
+            assert _carried_kinds(model.eval(), x)[1] == [ScoreFactors]  # inference runs the same path
+        # the default carries the maps, also where with_cp checkpoints a training step
+        assert _carried_kinds(ReViT(with_cp=with_cp, **TINY).train(), x)[1] == [PooledScores]
+    with pytest.raises(ValueError, match='carry_factors must be True or False'):
+        ReViT(carry_factors=None, **TINY)
 
 
 def test_factor_run_must_be_positive():

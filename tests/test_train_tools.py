@@ -1,17 +1,19 @@
 """The logic behind tools/train.py and tools/test.py: argument semantics, pre-flight checks, the --demo transform."""
 import copy
+import json
 import os.path as osp
 
 import pytest
 import torch
 from mmengine.config import Config
 from mmengine.registry import DefaultScope
+from PIL import Image
 
 from conftest import CONFIGS
 from mmvisatt.datasets import DEMO_ADE_CLASSES, DEMO_COCO_CLASSES
 from mmvisatt.engine import DemoSettings, prepare_test, prepare_train, to_demo_config
-from mmvisatt.engine.checks import MissingCheckpointError, MissingDataError
 from mmvisatt.engine.entrypoints import setup_distributed
+from mmvisatt.engine.preflight import MissingCheckpointError, MissingDataError
 
 MASK_3X = osp.join(CONFIGS, 'mask_rcnn_reswin_t_3x.py')
 CASCADE_3X = osp.join(CONFIGS, 'cascade_mask_rcnn_reswin_t_3x.py')
@@ -19,12 +21,17 @@ CASCADE_3X = osp.join(CONFIGS, 'cascade_mask_rcnn_reswin_t_3x.py')
 
 @pytest.fixture
 def fake_coco(tmp_path, monkeypatch):
-    """Run from a directory holding an (empty) COCO layout, as if the dataset were downloaded."""
-    for path in ('annotations/instances_train2017.json', 'annotations/instances_val2017.json'):
-        (tmp_path / 'data/coco' / path).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / 'data/coco' / path).write_text('{}')
-    for folder in ('train2017', 'val2017'):
-        (tmp_path / 'data/coco' / folder).mkdir()
+    """Run from a directory holding a COCO layout of one image per split, as if the dataset were downloaded."""
+    from mmdet.datasets import CocoDataset
+    categories = [dict(id=i + 1, name=name) for i, name in enumerate(CocoDataset.METAINFO['classes'])]
+    for split in ('train2017', 'val2017'):
+        (tmp_path / 'data/coco' / split).mkdir(parents=True)
+        Image.new('RGB', (64, 48), (90, 120, 150)).save(tmp_path / 'data/coco' / split / '1.jpg')
+        data = dict(images=[dict(id=1, file_name='1.jpg', width=64, height=48)], categories=categories,
+                    annotations=[dict(id=1, image_id=1, category_id=1, bbox=[8, 8, 20, 16], area=320, iscrowd=0,
+                                      segmentation=[[8, 8, 28, 8, 28, 24, 8, 24]])])
+        (tmp_path / 'data/coco/annotations').mkdir(exist_ok=True)
+        (tmp_path / f'data/coco/annotations/instances_{split}.json').write_text(json.dumps(data))
     monkeypatch.chdir(tmp_path)
     return tmp_path
 
@@ -80,6 +87,8 @@ def test_resume_semantics(fake_checkpoint):
     assert cfg.resume is False and cfg.load_from is None
     cfg = prepare_train([MASK_3X, '--resume'])
     assert cfg.resume is True and cfg.load_from is None  # latest checkpoint of the work dir
+    (fake_checkpoint.parent.parent / 'some').mkdir()
+    torch.save({}, fake_checkpoint.parent.parent / 'some/iter_8.pth')
     cfg = prepare_train([MASK_3X, '--resume', 'some/iter_8.pth'])
     assert cfg.resume is True and cfg.load_from == 'some/iter_8.pth'
 

@@ -34,17 +34,14 @@ from mmvisatt.checkpoint import UnsafeCheckpointError
 from mmvisatt.checkpoint.fit import classes_hint, drop_pretrained_init, weights_fit_problem
 from mmvisatt.checkpoint.loading import abbreviate
 from mmvisatt.datasets.transforms import image_truncation, truncated_image_message
-from mmvisatt.engine.demo import DemoSettings, to_demo_config
+from mmvisatt.engine.demo import to_demo_config
 from mmvisatt.engine.entrypoints import import_task_library
+from mmvisatt.engine.preflight import InferenceError, check_infer
 
 #: File name endings read as images when a folder is given.
 IMAGE_EXTENSIONS = ('.jpg', '.jpeg', '.png', '.bmp', '.tif', '.tiff', '.webp', '.ppm', '.pgm')
 #: default_scope -> what the predictions are
 TASKS = {'mmdet': 'detection', 'mmseg': 'segmentation'}
-
-
-class InferenceError(ValueError):
-    """Bad input to inference that the user can fix (the message says how)."""
 
 
 @dataclass
@@ -133,7 +130,7 @@ def inference_config(config: Union[str, Config], demo: bool = False,
     # before the demo transform, which would otherwise announce a random initialisation
     drop_pretrained_init(cfg.model)
     if demo:
-        to_demo_config(cfg, DemoSettings(), train=False)
+        to_demo_config(cfg, train=False)
     if cfg_options:
         cfg.merge_from_dict(cfg_options)
         drop_pretrained_init(cfg.model)
@@ -183,11 +180,6 @@ def _inferencer_class(scope: str, demo: bool) -> type:
     return CheckedInferencer
 
 
-def _check_device(device: Optional[str]) -> None:
-    if device and device.startswith('cuda') and not torch.cuda.is_available():
-        raise InferenceError(f'--device {device}: CUDA is not available here; use --device cpu')
-
-
 class Predictor:
     """A trained detector or segmentor ready to draw its predictions on images.
 
@@ -201,11 +193,7 @@ class Predictor:
 
     def __init__(self, config: Union[str, Config], checkpoint: str, device: Optional[str] = None,
                  demo: bool = False, cfg_options: Optional[Dict[str, Any]] = None) -> None:
-        if '://' not in checkpoint:
-            checkpoint = osp.expanduser(checkpoint)
-            if not osp.isfile(checkpoint):
-                raise FileNotFoundError(f'checkpoint not found: {checkpoint}')
-        _check_device(device)
+        checkpoint = check_infer(checkpoint, device)
         self.cfg = inference_config(config, demo=demo, cfg_options=cfg_options)
         self.scope = import_task_library(self.cfg)
         self.task = TASKS[self.scope]

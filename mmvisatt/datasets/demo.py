@@ -4,9 +4,10 @@ No dataset can be downloaded in some environments (and a newcomer should not
 have to fetch 20 GB of COCO to see whether the code runs at all), so this
 module draws small synthetic datasets instead: textured backgrounds with
 filled squares, circles and triangles on top.  They are written in the exact
-on-disk formats of COCO (instance segmentation, for mmdet's ``CocoDataset``)
-and ADE20K (semantic segmentation, for mmseg), so the real Mask R-CNN and
-UperNet pipelines -- loading, augmentation, training, evaluation -- run
+on-disk formats of COCO (instance segmentation, for mmdet's ``CocoDataset``),
+ADE20K (semantic segmentation, for mmseg) and ImageNet (one shape per image,
+labelled with its class, for mmpretrain), so the real Mask R-CNN, UperNet and
+classifier pipelines -- loading, augmentation, training, evaluation -- run
 unchanged on CPU in minutes; a config only swaps ``data_root``, ``ann_file``,
 ``data_prefix`` and ``metainfo``.
 
@@ -35,7 +36,7 @@ import numpy as np
 
 __all__ = [
     'DEMO_COCO_CLASSES', 'DEMO_ADE_CLASSES', 'demo_data_root',
-    'prepare_demo_coco', 'prepare_demo_ade'
+    'prepare_demo_coco', 'prepare_demo_ade', 'prepare_demo_imagenet'
 ]
 
 #: Instance classes of the COCO-style set; category ids are 1, 2, 3.
@@ -49,7 +50,9 @@ DEMO_ADE_CLASSES: Tuple[str, ...] = ('background', ) + DEMO_COCO_CLASSES
 _GENERATOR_VERSION = 2
 _MARKER = '.complete'
 _DEFAULTS = dict(num_train=200, num_val=50, img_size=256, seed=0)
-_SPLIT_CODES = {'train': 0, 'val': 1}
+# The classification set draws from streams of its own, so pre-training on it never sees a detection image
+# (least of all a held-out one).
+_SPLIT_CODES = {'train': 0, 'val': 1, 'cls_train': 2, 'cls_val': 3}
 
 # Keeps the smallest triangle above the 30 px visibility cut on small images.
 _MIN_SIDE_PX = 12
@@ -499,3 +502,50 @@ def prepare_demo_ade(root: Optional[str] = None,
     """
     params = _check_args(num_train, num_val, img_size, seed, style)
     return _prepare('ade', root, params, _write_ade)
+
+
+# --------------------------------------------------------------------------
+# ImageNet-style classification set
+# --------------------------------------------------------------------------
+def _write_imagenet(out: str, params: Dict[str, int]) -> None:
+    os.makedirs(osp.join(out, 'meta'))
+    size = params['img_size']
+    for split in ('train', 'val'):
+        lines = []
+        for name in DEMO_COCO_CLASSES:
+            os.makedirs(osp.join(out, split, name))
+        index = 0
+        while len(lines) < params[f'num_{split}']:
+            scene = _render_scene(_scene_rng(params['seed'], f'cls_{split}', index), size, _style(params))
+            index += 1
+            if len(scene.labels) != 1:
+                continue  # a shape that could not be placed: no label to give the image
+            path = f'{DEMO_COCO_CLASSES[scene.labels[0]]}/{len(lines):06d}.png'
+            _save_rgb(osp.join(out, split, path), scene.image)
+            lines.append(f'{path} {scene.labels[0]}')
+        with open(osp.join(out, 'meta', f'{split}.txt'), 'w') as f:
+            f.write('\n'.join(lines) + '\n')
+
+
+def prepare_demo_imagenet(root: Optional[str] = None,
+                          num_train: int = 600,
+                          num_val: int = 150,
+                          img_size: int = 128,
+                          seed: int = 0,
+                          style: str = 'single') -> str:
+    """Generate (once) the synthetic ImageNet-format classification set.
+
+    Every image shows one shape (square, circle or triangle, the classes of
+    :data:`DEMO_COCO_CLASSES` in that order) drawn by the scene generator of
+    the other sets, from random streams of its own: no image of it is an
+    image of the COCO or ADE sets.  Layout (mmpretrain ``ImageNet`` /
+    ``CustomDataset`` conventions, class folders and annotation lists)::
+
+        <root>/{train,val}/<class>/000000.png ...
+        <root>/meta/{train,val}.txt   ("<class>/000000.png <label>" lines)
+
+    Args and return value as :func:`prepare_demo_coco` (``style`` defaults
+    to ``'single'``: one large shape on a plain background).
+    """
+    params = _check_args(num_train, num_val, img_size, seed, style)
+    return _prepare('imagenet', root, params, _write_imagenet)

@@ -10,7 +10,7 @@ from .entrypoints import (parse_test_args, parse_train_args, prepare_test, prepa
                           train_main)
 from .guards import NonFiniteGuardHook, NonFiniteLossError
 from .hooks import DemoReportHook, EvalProgressBarHook, EvalProgressHook, TrainingTraceHook
-from .input_checks import BackboneLayoutHook, ChannelCheckHook
+from .hooks import BackboneLayoutHook, ChannelCheckHook
 from .mid_epoch import MidEpochResumeError, ResumableBatchSampler, ResumableEpochBasedTrainLoop, SeededSamples
 from .optimizers import LayerDecayOptimWrapperConstructor  # noqa: F401  (registers it in the root registry)
 from .reliability import AtomicCheckpointHook, ExactResumeHook, FaultInjectionHook, find_resumable_checkpoint

@@ -1,10 +1,13 @@
 """What ``tools/train.py`` and ``tools/test.py`` do; the scripts only call :func:`train_main` / :func:`test_main`.
 
-One pair of scripts serves mmdet, mmseg and mmpretrain configs: the library is chosen by the config's
-``default_scope``. Arguments follow mmdet's tools (``--resume`` with an optional path, ``--auto-scale-lr``, ...).
+Each reads top to bottom: parse the arguments, load the config, apply the arguments (``--demo``, ``--cfg-options``,
+the work dir, ``--amp``, ``--resume``...), run the pre-flight (:mod:`.preflight`), build the Runner, run it. One
+pair of scripts serves mmdet, mmseg and mmpretrain configs: the library is chosen by the config's ``default_scope``.
+Arguments follow mmdet's tools (``--resume`` with an optional path, ``--auto-scale-lr``, ...).
 """
 import argparse
 import contextlib
+import copy
 import datetime
 import importlib
 import os
@@ -20,19 +23,14 @@ from mmengine.device import get_device
 from mmengine.logging import print_log
 from mmengine.runner import Runner
 
-from mmvisatt.checkpoint import CheckpointMismatchError, UnsafeCheckpointError, load_checkpoint_file
-from mmvisatt.checkpoint.fit import classes_hint, weights_fit_problem
-from .checks import (MissingCheckpointError, MissingDataError, check_data, check_pretrained, image_dir,
-                     leaf_datasets, pretrained_inits)
-from .demo import DemoSettings, describe_demo, to_demo_config
+from mmvisatt.checkpoint import CheckpointMismatchError, UnsafeCheckpointError
+from . import preflight
+from .demo import to_demo_config
 from .guards import NonFiniteLossError
-from .input_checks import (AnnotationError, ConfigFileError, ConfigKeyError, CorruptCheckpointError, CorruptImageError,
-                           check_cfg_options, check_checkpoint_file, check_evaluator_files, check_legacy_keys,
-                           check_load_from_fits, check_top_level_keys, explain_build_error, explain_image_error,
-                           load_config_file)
 from .mid_epoch import MidEpochResumeError
-from .preflight import preflight
-from .reliability import CheckpointWriteError, add_custom_hooks, enable_reliable_training, resolve_auto_resume
+from .preflight import (AnnotationError, ConfigKeyError, CorruptCheckpointError, CorruptImageError,
+                        MissingCheckpointError, MissingDataError)
+from .reliability import CheckpointWriteError, add_custom_hooks, enable_reliable_training
 
 LAUNCHERS = ('none', 'pytorch', 'slurm', 'mpi')
 
@@ -80,6 +78,46 @@ def _finish(args: argparse.Namespace) -> argparse.Namespace:
     return args
 
 
+class ConfigFileError(ValueError):
+    """A config file (or one of its ``_base_`` files) that Python cannot parse."""
+
+
+def find_config_syntax_error(path: str, _seen: Optional[set] = None) -> Optional[str]:
+    """``file:line:column: message`` of the first syntax error in ``path`` or the ``_base_`` files it inherits
+    (mmengine's own ``SyntaxError`` names no file), or None."""
+    import ast
+    seen = set() if _seen is None else _seen
+    path = osp.abspath(path)
+    if path in seen or not osp.isfile(path):
+        return None
+    seen.add(path)
+    with open(path, encoding='utf-8') as f:
+        source = f.read()
+    try:
+        ast.parse(source, filename=path)
+    except SyntaxError as error:
+        return f'{path}:{error.lineno}:{error.offset}: {error.msg}'
+    for base in Config._get_base_files(path):
+        if '::' in base:
+            continue  # a package config (mmdet::...), not the user's
+        found = find_config_syntax_error(osp.join(osp.dirname(path), base), seen)
+        if found:
+            return found
+    return None
+
+
+def load_config_file(path: str) -> Config:
+    """``Config.fromfile`` whose syntax errors name the file and line, in the config or any ``_base_`` file."""
+    try:
+        return Config.fromfile(path)
+    except SyntaxError as error:
+        where = find_config_syntax_error(path)
+        if where is None:
+            raise
+        raise ConfigFileError(f'syntax error in a config file: {where}. Fix that file (configs inherit it '
+                              'through _base_).') from error
+
+
 def import_task_library(cfg: Config) -> str:
     """Import and register the OpenMMLab library named by ``cfg.default_scope``, as its own tools do."""
     scope = cfg.get('default_scope')
@@ -92,28 +130,30 @@ def import_task_library(cfg: Config) -> str:
     return scope
 
 
-def load_config(args: argparse.Namespace, train: bool) -> Config:
-    """The config with ``--demo``, ``--cfg-options`` (after the demo, so they can adjust it), ``--work-dir`` and
-    ``--launcher`` applied."""
-    cfg = load_config_file(args.config)
-    check_legacy_keys(cfg, args.config)
-    check_top_level_keys(cfg, args.config)
-    config_lr = cfg.get('optim_wrapper', {}).get('optimizer', {}).get('lr')
+def apply_arguments(cfg: Config, args: argparse.Namespace, train: bool) -> Optional[Config]:
+    """Apply ``--demo``, ``--cfg-options`` (after the demo, so they can adjust it), ``--work-dir`` and
+    ``--launcher`` to ``cfg`` in place; return the config as it was before the options were merged (None without
+    options), which the pre-flight checks the option keys against."""
     if args.demo:
-        to_demo_config(cfg, DemoSettings(), train=train)
+        keep_init = any(key.startswith('model.backbone.init_cfg') for key in args.cfg_options or {})
+        to_demo_config(cfg, train=train, keep_backbone_init=keep_init)
+    unmerged = None
     if args.cfg_options:
-        check_cfg_options(cfg, args.cfg_options)
-        cfg.merge_from_dict(args.cfg_options)
-        check_legacy_keys(cfg, '--cfg-options')
-    if args.demo and train:
-        print_log(describe_demo(cfg, config_lr), logger='current')
+        unmerged = copy.deepcopy(cfg)
+        try:
+            cfg.merge_from_dict(args.cfg_options)
+        except KeyError:
+            # mmengine refuses an index past a list's end without naming the key; the pre-flight's option check
+            # names it and the list's length
+            preflight.check_cfg_options(unmerged, args.cfg_options)
+            raise
     cfg.launcher = args.launcher
     if args.work_dir:
         cfg.work_dir = args.work_dir
     elif cfg.get('work_dir') is None:
         name = osp.splitext(osp.basename(args.config))[0]
         cfg.work_dir = osp.join('./work_dirs', name + ('_demo' if args.demo else ''))
-    return cfg
+    return unmerged
 
 
 def resolve_amp(cfg: Config) -> None:
@@ -136,7 +176,7 @@ def resolve_amp(cfg: Config) -> None:
 
 def apply_train_args(cfg: Config, args: argparse.Namespace) -> Config:
     """``--amp``, ``--auto-scale-lr`` and ``--resume``, with mmdet's semantics; an fp16 recipe falls back to float32
-    on a CPU (:func:`resolve_amp`)."""
+    on a CPU (:func:`resolve_amp`); the reliability hooks (atomic checkpoints, exact resume) are added."""
     if args.amp:
         if get_device() == 'cpu':
             raise RuntimeError('--amp needs a GPU (mmengine\'s AmpOptimWrapper does not run on CPU)')
@@ -149,21 +189,7 @@ def apply_train_args(cfg: Config, args: argparse.Namespace) -> Config:
             raise RuntimeError('--auto-scale-lr needs auto_scale_lr=dict(enable=..., base_batch_size=...) '
                                'in the config')
         cfg.auto_scale_lr.enable = True
-    if args.resume == 'auto':
-        resolve_auto_resume(cfg)
-    elif args.resume is not None:
-        cfg.resume, cfg.load_from = True, args.resume
-    return cfg
-
-
-def check_resume_file(cfg: Config) -> None:
-    """``--resume PATH`` names a file that exists (mmengine would fail in torch.load with its traceback)."""
-    path = cfg.get('load_from')
-    if cfg.get('resume') and path and '://' not in path and not osp.isfile(osp.expanduser(path)):
-        raise MissingCheckpointError(
-            f'--resume {path}: no such file (working directory: {os.getcwd()}). Pass the path of a checkpoint the '
-            f'run wrote (work_dir/epoch_N.pth or iter_N.pth), or a bare --resume to continue from the newest '
-            f'complete one in the work dir.')
+    return enable_reliable_training(cfg, args.resume)
 
 
 def _replace_sync_bn(node: Any) -> int:
@@ -262,42 +288,22 @@ def build_runner(cfg: Config, scope: str) -> Runner:
             return importlib.import_module(f'{scope}.registry').RUNNERS.build(cfg)
         return Runner.from_cfg(cfg)
     except TypeError as error:
-        explained = explain_build_error(error)
+        explained = preflight.explain_build_error(error)
         if explained is None:
             raise
         raise explained from error
 
 
 def prepare_train(argv: Optional[Sequence[str]] = None) -> Config:
-    """Parse ``argv`` and return the ready-to-run training config (all pre-flight checks passed)."""
+    """Parse ``argv``, load the config, apply the arguments and run the pre-flight: the config :func:`train_main`
+    builds its Runner from."""
     args = parse_train_args(argv)
-    cfg = enable_reliable_training(apply_train_args(load_config(args, train=True), args))
-    check_data(cfg, ('train_dataloader', 'val_dataloader'))
-    check_evaluator_files(cfg)
-    # the Runner initialises weights before it loads or resumes, so the file is needed in every case
-    check_pretrained(cfg)
-    check_model_files(cfg)
+    cfg = load_config_file(args.config)
+    unmerged = apply_arguments(cfg, args, train=True)
+    apply_train_args(cfg, args)
+    scope = import_task_library(cfg)
+    preflight.check_train(cfg, scope, args.config, args.cfg_options, unmerged)
     return cfg
-
-
-def check_model_files(cfg: Config) -> None:
-    """Refuse truncated ``Pretrained`` / ``load_from`` / ``--resume PATH`` checkpoints before the Runner starts."""
-    for where, init in pretrained_inits(cfg.get('model')):
-        check_checkpoint_file(init.get('checkpoint'), f'The checkpoint of {where}',
-                              f'Download it again, or pass another one with --cfg-options {where}.checkpoint=PATH.',
-                              zip_only=True)
-    what = '--resume checkpoint' if cfg.get('resume') else 'load_from checkpoint'
-    checkpoint = check_checkpoint_file(cfg.get('load_from'), f'The {what}',
-                                       'It was probably written by a job that was killed or ran out of disk; pick an '
-                                       'earlier checkpoint, or use --resume (auto), which skips incomplete files.')
-    if not cfg.get('resume'):
-        check_load_from_fits(cfg.get('model'), cfg.get('load_from'), checkpoint)
-
-
-def _image_dirs(cfg: Config) -> List[str]:
-    loaders = ('train_dataloader', 'val_dataloader', 'test_dataloader')
-    dirs = {image_dir(d) for loader in loaders for d in leaf_datasets((cfg.get(loader) or {}).get('dataset'))}
-    return sorted(d for d in dirs if d)
 
 
 @contextlib.contextmanager
@@ -310,9 +316,9 @@ def _run_errors_explained(cfg: Config):
         yield
     except (AssertionError, CorruptImageError, TypeError, RuntimeError, cv2.error) as error:
         if isinstance(error, TypeError):
-            explained = explain_build_error(error)
+            explained = preflight.explain_build_error(error)
         else:
-            explained = explain_image_error(error, _image_dirs(cfg))
+            explained = preflight.explain_image_error(error, preflight.image_dirs(cfg))
         if explained is None:
             raise
         raise explained from error
@@ -320,30 +326,25 @@ def _run_errors_explained(cfg: Config):
 
 def train_main(argv: Optional[Sequence[str]] = None) -> Runner:
     cfg = prepare_train(argv)
-    check_resume_file(cfg)
-    scope = import_task_library(cfg)
-    preflight(cfg, scope, ('train_dataloader', 'val_dataloader'))
     setup_distributed(cfg)
-    runner = build_runner(cfg, scope)
+    runner = build_runner(cfg, cfg.default_scope)
     if cfg.get('resume') and cfg.get('load_from'):
-        check_checkpoint_fits(runner.model, cfg.load_from,
-                              hint='--resume continues the model the checkpoint was saved from; to train another '
-                              'head or class count from its weights, pass --cfg-options load_from=PATH instead.')
+        preflight.check_checkpoint_fits(
+            runner.model, cfg.load_from,
+            hint='--resume continues the model the checkpoint was saved from; to train another head or class count '
+            'from its weights, pass --cfg-options load_from=PATH instead.')
     with _run_errors_explained(cfg):
         runner.train()
     return runner
 
 
 def prepare_test(argv: Optional[Sequence[str]] = None) -> Tuple[Config, argparse.Namespace]:
-    """Parse ``argv`` and return the ready-to-run test config (all pre-flight checks passed) and the arguments."""
+    """Parse ``argv``, load the config, apply the arguments and run the pre-flight: the config :func:`test_main`
+    builds its Runner from, and the arguments."""
     args = parse_test_args(argv)
-    cfg = load_config(args, train=False)
-    if '://' not in args.checkpoint and not osp.isfile(osp.expanduser(args.checkpoint)):
-        raise FileNotFoundError(f'checkpoint not found: {args.checkpoint}')
+    cfg = load_config_file(args.config)
+    unmerged = apply_arguments(cfg, args, train=False)
     cfg.load_from = args.checkpoint
-    check_checkpoint_file(args.checkpoint, 'Checkpoint', 'Pass a complete checkpoint file.', zip_only=True)
-    check_data(cfg, ('test_dataloader',))
-    check_evaluator_files(cfg)
     add_custom_hooks(cfg, 'ChannelCheckHook')
     scope = cfg.get('default_scope')
     if args.show_dir:
@@ -354,30 +355,17 @@ def prepare_test(argv: Optional[Sequence[str]] = None) -> Tuple[Config, argparse
             cfg.visualizer.save_dir = args.show_dir
     if args.out and scope == 'mmseg':
         cfg.test_evaluator.update(output_dir=args.out, keep_results=True)
+    scope = import_task_library(cfg)
+    preflight.check_test(cfg, scope, args.config, args.cfg_options, unmerged)
     return cfg, args
-
-
-def check_checkpoint_fits(model: torch.nn.Module, path: str, demo: bool = False, hint: str = '') -> None:
-    """Raise :class:`CheckpointMismatchError` unless the local checkpoint has a tensor of the model's shape for
-    every model key: mmengine loads test checkpoints with ``strict=False`` and evaluates whatever results."""
-    if '://' in path:
-        return
-    from mmengine.model import is_model_wrapper
-    model = model.module if is_model_wrapper(model) else model
-    checkpoint = load_checkpoint_file(path, 'cpu', mmap=True)
-    problem = weights_fit_problem(model, checkpoint, hint or classes_hint(checkpoint, demo))
-    if problem:
-        raise CheckpointMismatchError(f'{path}: {problem}')
 
 
 def test_main(argv: Optional[Sequence[str]] = None) -> dict:
     cfg, args = prepare_test(argv)
-    scope = import_task_library(cfg)
-    preflight(cfg, scope, ('test_dataloader',))
     setup_distributed(cfg)
-    runner = build_runner(cfg, scope)
-    check_checkpoint_fits(runner.model, args.checkpoint, args.demo)
-    if args.out and scope == 'mmdet':
+    runner = build_runner(cfg, cfg.default_scope)
+    preflight.check_checkpoint_fits(runner.model, args.checkpoint, args.demo)
+    if args.out and cfg.default_scope == 'mmdet':
         from mmdet.evaluation import DumpDetResults
         runner.test_evaluator.metrics.append(DumpDetResults(out_file_path=args.out))
     with _run_errors_explained(cfg):
@@ -395,6 +383,6 @@ def run_tool(main: Callable[[Optional[Sequence[str]]], Any], argv: Optional[Sequ
         sys.exit(f'error: {error}')
 
 
-__all__: List[str] = ['run_tool', 'parse_train_args', 'parse_test_args', 'load_config', 'resolve_amp',
-                      'apply_train_args', 'import_task_library', 'setup_distributed', 'prepare_train',
-                      'check_model_files', 'train_main', 'prepare_test', 'test_main']
+__all__: List[str] = ['run_tool', 'parse_train_args', 'parse_test_args', 'load_config_file', 'apply_arguments',
+                      'resolve_amp', 'apply_train_args', 'import_task_library', 'setup_distributed', 'build_runner',
+                      'prepare_train', 'train_main', 'prepare_test', 'test_main', 'ConfigFileError']

@@ -1,5 +1,6 @@
-"""Hooks used by the demo run and by the distributed checks; registered in mmengine's root ``HOOKS`` so they build
-under any ``default_scope``."""
+"""Hooks used by the demo run, the distributed checks and the run-time checks of what only the built model can
+tell (the neck's input channels, a ``load_from`` backbone in another layout); registered in mmengine's root
+``HOOKS`` so they build under any ``default_scope``."""
 import hashlib
 import json
 import os.path as osp
@@ -14,6 +15,9 @@ from mmengine.logging import print_log
 from mmengine.model import is_model_wrapper
 from mmengine.registry import HOOKS
 from mmengine.utils import mkdir_or_exist
+
+from mmvisatt.checkpoint import CheckpointMismatchError, convert_backbone_layout
+from .demo import describe_demo
 
 
 def _scalars(metrics: Optional[Dict[str, Any]]) -> Dict[str, float]:
@@ -160,21 +164,28 @@ class TrainingTraceHook(Hook):
 
 @HOOKS.register_module()
 class DemoReportHook(Hook):
-    """At the end of training, something to look at: the trained model's predictions beside the ground truth of
-    the first ``num_images`` validation images, and the training curves, as PNG files in the work dir.
+    """Before training, one line on what the demo run does (``config_lr``: the config's own lr, which the demo
+    replaced); at the end of training, something to look at: the trained model's predictions beside the ground
+    truth of the first ``num_images`` validation images, and the training curves, as PNG files in the work dir.
 
-    ``<prefix>_predictions.png`` stacks one row per image, ground truth on the left and the prediction on the
-    right, drawn by the config's visualizer (boxes, masks, class names and scores above ``score_thr`` for a
-    detector; the class map for a segmentor). ``<prefix>_curves.png`` plots the losses and the validation metrics
+    ``<prefix>_predictions.png`` stacks one row per image, drawn by the config's visualizer: for a detector the
+    ground truth on the left and the prediction on the right (boxes, masks, class names and scores above
+    ``score_thr``), for a segmentor the two class maps, for a classifier the image with its true and predicted
+    class. ``<prefix>_curves.png`` plots the losses and the validation metrics
     (:func:`mmvisatt.analysis.logs.plot_training_log`). Both paths are logged. Main process only.
     """
 
     priority = 'LOWEST'
 
-    def __init__(self, num_images: int = 4, score_thr: float = 0.3, prefix: str = 'demo') -> None:
+    def __init__(self, num_images: int = 4, score_thr: float = 0.3, prefix: str = 'demo',
+                 config_lr: Optional[float] = None) -> None:
         self.num_images = num_images
         self.score_thr = score_thr
         self.prefix = prefix
+        self.config_lr = config_lr
+
+    def before_train(self, runner) -> None:
+        print_log(describe_demo(runner.cfg, self.config_lr), logger='current')
 
     def after_train(self, runner) -> None:
         if not is_main_process():
@@ -203,10 +214,16 @@ class DemoReportHook(Hook):
                     with torch.no_grad():
                         sample = model.test_step(pseudo_collate([dataset[index]]))[0]
                     image = mmcv.imread(sample.img_path, channel_order='rgb')
-                    kwargs = dict(pred_score_thr=self.score_thr) if 'pred_instances' in sample else {}
                     out_file = osp.join(tmp, f'{index}.png')
-                    visualizer.add_datasample(osp.basename(sample.img_path), image, sample, draw_gt=True,
-                                              draw_pred=True, show=False, out_file=out_file, **kwargs)
+                    if 'pred_label' in sample:
+                        # mmpretrain's visualizer names its classification drawing apart; a small image is
+                        # enlarged so that the label text fits
+                        visualizer.visualize_cls(image, sample, classes=dataset.metainfo.get('classes'),
+                                                 resize=224, show=False, out_file=out_file)
+                    else:
+                        kwargs = dict(pred_score_thr=self.score_thr) if 'pred_instances' in sample else {}
+                        visualizer.add_datasample(osp.basename(sample.img_path), image, sample, draw_gt=True,
+                                                  draw_pred=True, show=False, out_file=out_file, **kwargs)
                     rows.append(mmcv.imread(out_file))
             finally:
                 model.train(was_training)
@@ -226,6 +243,104 @@ class DemoReportHook(Hook):
         except (LogError, FileNotFoundError) as error:
             print_log(f'no training curves: {error}', logger='current')
             return None
-        keys = [k for k in log.train if k == 'loss'] + [k for k in log.val if k.endswith(('_mAP', 'mIoU'))]
+        keys = [k for k in log.train if k == 'loss'] + [k for k in log.val
+                                                        if k.endswith(('_mAP', 'mIoU', 'accuracy/top1'))]
         return plot_training_log(log, osp.join(runner.work_dir, f'{self.prefix}_curves.png'), keys=keys or None,
                                  title=osp.basename(osp.abspath(runner.work_dir)))
+
+
+def _channel_list(value: Any) -> Optional[List[int]]:
+    if isinstance(value, int):
+        return [value]
+    if isinstance(value, (list, tuple)) and all(isinstance(v, int) for v in value):
+        return list(value)
+    return None
+
+
+def _path_in_config(model: torch.nn.Module, module: torch.nn.Module) -> str:
+    for name, child in model.named_children():
+        if child is module:
+            return f'model.{name}'
+    return 'model.neck'
+
+
+@HOOKS.register_module()
+class ChannelCheckHook(Hook):
+    """At the first forward, check that the neck's ``in_channels`` are what the backbone outputs.
+
+    Raises a ``ValueError`` naming both channel lists and the config key to change instead of the convolution
+    shape error mmdet/mmseg would give. Models without a ``backbone`` and a ``neck`` with ``in_channels`` are left
+    alone. ``tools/train.py`` / ``tools/test.py`` add it.
+    """
+
+    priority = 'VERY_HIGH'
+
+    def __init__(self) -> None:
+        self._handle = None
+
+    def _install(self, runner) -> None:
+        if self._handle is not None:
+            return
+        model = runner.model.module if is_model_wrapper(runner.model) else runner.model
+        backbone, neck = getattr(model, 'backbone', None), getattr(model, 'neck', None)
+        if isinstance(neck, (list, torch.nn.Sequential)) or neck is None or backbone is None:
+            return
+        expected = _channel_list(getattr(neck, 'in_channels', None))
+        if expected is None:
+            return
+        key = _path_in_config(model, neck) + '.in_channels'
+
+        def check(module, args, output):
+            self._handle.remove()
+            outs = output if isinstance(output, (list, tuple)) else [output]
+            got = [o.shape[1] for o in outs if isinstance(o, torch.Tensor) and o.dim() >= 2]
+            if got != expected:
+                indices = getattr(backbone, 'out_indices', None)
+                which = f' (out_indices={tuple(indices)})' if indices is not None else ''
+                raise ValueError(
+                    f'{key}={expected} does not match the backbone: {type(backbone).__name__}{which} outputs '
+                    f'{len(got)} feature maps with channels {got}. Set {key}={got} (or change the backbone\'s '
+                    f'arch / out_indices).')
+
+        self._handle = backbone.register_forward_hook(check)
+
+    def before_train(self, runner) -> None:
+        self._install(runner)
+
+    def before_val(self, runner) -> None:
+        self._install(runner)
+
+    def before_test(self, runner) -> None:
+        self._install(runner)
+
+
+@HOOKS.register_module()
+class BackboneLayoutHook(Hook):
+    """Convert the backbone of a ``load_from`` checkpoint whose backbone is in another layout a converter knows (a
+    whole mmdet Swin detector for ReSwin), and refuse one whose backbone fits neither way.
+
+    mmengine loads ``load_from`` with ``strict=False``: without this the backbone of such a file would silently stay
+    at its initialisation while the neck and heads load. ``tools/train.py`` adds it.
+    """
+
+    priority = 'VERY_HIGH'
+
+    def after_load_checkpoint(self, runner, checkpoint: dict) -> None:
+        model = runner.model.module if is_model_wrapper(runner.model) else runner.model
+        backbone, state = getattr(model, 'backbone', None), checkpoint.get('state_dict')
+        if not isinstance(backbone, torch.nn.Module) or not isinstance(state, dict):
+            return
+        source = runner.cfg.get('load_from') or 'the checkpoint'
+        if not any(k.startswith(('backbone.', 'module.backbone.')) for k in state):
+            raise CheckpointMismatchError(
+                f"{source} has no 'backbone.' weights (first keys: {', '.join(list(state)[:4])}): the backbone would "
+                f"stay at its initialisation. An ImageNet checkpoint of the backbone goes in its init_cfg "
+                f"(--cfg-options model.backbone.init_cfg.checkpoint=PATH), not in load_from.")
+        try:
+            converted = convert_backbone_layout(state, backbone.state_dict().keys())
+        except CheckpointMismatchError as error:
+            raise CheckpointMismatchError(f'{source}: {error}') from None
+        if converted is not None:
+            checkpoint['state_dict'], family, layout = converted
+            print_log(f'{source}: backbone weights converted from the {layout} layout ({family} converter) for '
+                      f'{type(backbone).__name__}.', logger='current')

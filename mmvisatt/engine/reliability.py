@@ -312,10 +312,16 @@ def resolve_auto_resume(cfg: Config) -> Config:
     return cfg
 
 
-def enable_reliable_training(cfg: Config) -> Config:
+def enable_reliable_training(cfg: Config, resume: Optional[str] = None) -> Config:
     """What ``tools/train.py`` adds to every training config: atomic checkpoints (``CheckpointHook`` ->
-    :class:`AtomicCheckpointHook`), :class:`ExactResumeHook`, :class:`~.input_checks.ChannelCheckHook` and
-    :class:`~.input_checks.BackboneLayoutHook`, unless the config already has them."""
+    :class:`AtomicCheckpointHook`), :class:`ExactResumeHook`, :class:`~.hooks.ChannelCheckHook` and
+    :class:`~.hooks.BackboneLayoutHook`, unless the config already has them; and what ``--resume`` asks for
+    (``resume``: ``'auto'``, the newest complete checkpoint in the work dir (:func:`resolve_auto_resume`), or a
+    path)."""
+    if resume == 'auto':
+        resolve_auto_resume(cfg)
+    elif resume is not None:
+        cfg.resume, cfg.load_from = True, resume
     checkpoint = (cfg.get('default_hooks') or {}).get('checkpoint')
     if isinstance(checkpoint, dict) and checkpoint.get('type') in ('CheckpointHook', 'mmengine.CheckpointHook'):
         checkpoint['type'] = 'AtomicCheckpointHook'

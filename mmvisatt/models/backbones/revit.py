@@ -330,16 +330,16 @@ class ReViT(AttentionBackbone):
         norm_eval: keep normalisation layers in eval mode while training. with_cp: checkpoint each block.
         carry_factors: carry the residual scores between blocks as per-block queries and keys
             (:class:`~mmvisatt.models.layers.residual_attention.ScoreFactors`) instead of one N x N score map per
-            block. The maps are block outputs, so checkpointing cannot drop them, and at 800x1216 they are most of
-            ReViT-B's training memory; factors cost O(N) each but widen the score product by ``head_dim`` per
-            block. None (default) carries factors exactly where ``with_cp`` checkpoints (training with
-            gradients), maps elsewhere. Values equal the map path's up to rounding.
+            block, in training and inference alike. The maps are block outputs, so checkpointing cannot drop them,
+            and at 800x1216 they are most of ReViT-B's training memory; factors cost O(N) each but widen the score
+            product by ``head_dim`` per block. False (default): the score maps, the reference. Values equal the
+            map path's up to rounding.
         factor_run: with factors, fold them into one stored score map every ``factor_run`` blocks (the folding
             block makes its map anyway), which bounds the product's width; None never stores a map (least
             memory, most compute).
         fused_attn: the lean score path (True; ``PoolingResidualAttention(lean_scores=True)``) or the plain
-            autograd composition of the same ops (False, the reference; factors then only where
-            ``carry_factors=True``); None takes the global default (:mod:`~mmvisatt.models.layers.attention`).
+            autograd composition of the same ops (False, the reference); None takes the global default
+            (:mod:`~mmvisatt.models.layers.attention`).
     """
     arch_zoo = {'b': dict(embed_dims=768, depth=12, num_heads=12)}
     _arch_keys = ('embed_dims', 'depth', 'num_heads')
@@ -351,11 +351,13 @@ class ReViT(AttentionBackbone):
                  patch_size: int = 16, mlp_ratio: float = 4., qkv_bias: bool = True, drop_path_rate: float = 0.1,
                  alpha_init: float = 0.5, learnable_alpha: bool = True, out_indices: Sequence[int] = (0, 1, 2, 3),
                  frozen_stages: int = -1, norm_eval: bool = False, with_cp: bool = False,
-                 carry_factors: Optional[bool] = None, factor_run: Optional[int] = 3,
+                 carry_factors: bool = False, factor_run: Optional[int] = 3,
                  fused_attn: Optional[bool] = None, init_cfg: Optional[dict] = None):
         super().__init__(init_cfg=init_cfg)
         arch = self._resolve_arch(arch)
         dim, depth = arch['embed_dims'], arch['depth']
+        if not isinstance(carry_factors, bool):
+            raise ValueError(f'carry_factors must be True or False, got {carry_factors!r}')
         if factor_run is not None and factor_run < 1:
             raise ValueError(f'factor_run must be a positive number of blocks, or None never to fold, got '
                              f'{factor_run}')
@@ -402,10 +404,7 @@ class ReViT(AttentionBackbone):
         H, W = x.shape[-2:]
         x = self.patch_embed(x)
         x = x + self._position_embedding(x.shape[1], x.shape[2])
-        factors = self.carry_factors
-        if factors is None:
-            factors = self.fused_attn and self.with_cp and x.requires_grad
-        carried = ScoreFactors(run=self.factor_run) if factors else None
+        carried = ScoreFactors(run=self.factor_run) if self.carry_factors else None
         x, _ = _run_blocks(self.blocks, x, carried, self.alpha, self.with_cp)
         levels = self.pyramid(x.permute(0, 3, 1, 2))
         outs = []
@@ -449,10 +448,8 @@ class ReMViTStage(nn.Module):
         self.blocks = nn.ModuleList(blocks)
 
     def forward(self, x: Tensor, residual: Optional[PooledScores], alpha: Union[Tensor, float],
-                handoff: Optional[bool] = False) -> Tuple[Tensor, Optional[PooledScores]]:
-        """(B, H, W, C_in) -> (B, H', W', C); ``handoff`` None: when a backward will follow."""
-        if handoff is None:
-            handoff = x.requires_grad
+                handoff: bool = False) -> Tuple[Tensor, Optional[PooledScores]]:
+        """(B, H, W, C_in) -> (B, H', W', C)."""
         return _run_blocks(self.blocks, x, residual, alpha, self.with_cp, handoff)
 
 
@@ -496,13 +493,12 @@ class ReMViTv2(AttentionBackbone):
         alpha_init, learnable_alpha: the residual gate (a constant when not learnable).
         handoff: blocks whose scores the next block shrinks (pools their queries or keys, or averages their
             heads) hand them on already shrunk, row chunk by row chunk, and recompute ``q k^T`` in the backward
-            instead of keeping their own map (``PoolingResidualAttention``'s handoff). None (default) does so
-            when a backward will follow (the input requires grad): at 800x1216 it cuts ReMViTv2-T's training
-            peak by 47% with steps no slower (by 63% with ``with_cp``, with steps about 9% longer); inference keeps
-            the map path. True / False force it on / off (``residual_mode='aligned'`` only). The values are the
-            same up to rounding.
+            instead of keeping their own map (``PoolingResidualAttention``'s handoff), in training and inference
+            alike (``residual_mode='aligned'`` only; the official mode keeps the maps). False (default): the score
+            maps, the reference. The dense and ImageNet configs set it (their training peak: docs/performance.md).
+            The values are the same up to rounding.
         fused_attn: the lean score path (True) or the plain autograd composition of the same ops (False, the
-            reference; handoff then only where ``handoff=True``), as in :class:`ReViT`.
+            reference), as in :class:`ReViT`.
         out_indices, frozen_stages, norm_eval, with_cp, drop_path_rate, init_cfg: as in ReSwinTransformer.
     """
     arch_zoo = {
@@ -521,12 +517,12 @@ class ReMViTv2(AttentionBackbone):
                  residual_pooling: bool = True, drop_path_rate: float = 0.1, residual_mode: str = 'aligned',
                  alpha_init: float = 0.5, learnable_alpha: bool = True, out_indices: Sequence[int] = (0, 1, 2, 3),
                  frozen_stages: int = -1, norm_eval: bool = False, with_cp: bool = False,
-                 handoff: Optional[bool] = None, fused_attn: Optional[bool] = None,
+                 handoff: bool = False, fused_attn: Optional[bool] = None,
                  init_cfg: Optional[dict] = None):
         super().__init__(init_cfg=init_cfg)
         arch = self._resolve_arch(arch)
-        if handoff is not None and not isinstance(handoff, bool):
-            raise ValueError(f'handoff must be None, True or False, got {handoff!r}')
+        if not isinstance(handoff, bool):
+            raise ValueError(f'handoff must be True or False, got {handoff!r}')
         if residual_mode not in POOLED_ALIGNERS:
             raise ValueError(f"residual_mode must be one of {sorted(POOLED_ALIGNERS)}, got '{residual_mode}'")
         depths = tuple(arch['depths'])
@@ -566,7 +562,7 @@ class ReMViTv2(AttentionBackbone):
                 side //= stride_q[1]
                 in_dim = dims[i]
             self.stages.append(ReMViTStage(blocks, with_cp))
-        self.handoff = False if handoff is None and not self.fused_attn else handoff
+        self.handoff = handoff
         attns = [block.attn for stage in self.stages for block in stage.blocks]
         for attn, nxt in zip(attns, attns[1:]):
             attn.next_block = (nxt.stride_q, nxt.stride_kv, nxt.num_heads)

@@ -1,40 +1,227 @@
-"""A check of the whole run before the Runner starts: what the config says about classes, and what the annotation
-files and a sample of the images and segmentation maps hold.
+"""The data a run reads, checked before the Runner starts: that the datasets are on disk in the layout their type
+reads, that the evaluators score against the files their loaders load, and what the config says about classes
+against what the annotation files and a sample of the images and segmentation maps hold.
 
-mmdet and mmseg trust all of it. A disagreement shows up late and far from its cause: heads left at 80 classes
-train a whole epoch and then fail in ``CocoMetric.results2json``; a boxes-only file with a mask head raises
-``KeyError: 'mask'`` at the first iteration; colour segmentation maps give a ``cross_entropy`` error; crowd-only
-or zero-area boxes train on background without a word. :func:`preflight` finds these in the files themselves and
-raises one :class:`AnnotationError` that lists every problem, each with the file, what is wrong and the fix.
-What can be legitimate (training on a subset of a file's categories, some boxes dropped) is logged as a warning.
+mmdet and mmseg trust all of it. A disagreement shows up late and far from its cause: a missing folder fails inside a
+dataloader worker; heads left at 80 classes train a whole epoch and then fail in ``CocoMetric.results2json``; a
+boxes-only file with a mask head raises ``KeyError: 'mask'`` at the first iteration; colour segmentation maps give a
+``cross_entropy`` error; crowd-only or zero-area boxes train on background without a word.
+:func:`check_dataset_contents` finds these in the files themselves and raises one :class:`AnnotationError` that lists
+every problem, each with the file, what is wrong and the fix. What can be legitimate (training on a subset of a
+file's categories, some boxes dropped) is logged as a warning.
 
 Annotation files above :data:`MAX_CHECKED_ANN_BYTES` are skipped (the big public sets are consistent, and parsing
 them twice costs start-up time); images and maps are checked on a sample of :data:`SAMPLE` files.
 """
-import importlib
-import inspect
+import json
 import logging
 import os
 import os.path as osp
+import re
+import importlib
+import inspect
 from collections import Counter
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 from mmengine.config import Config
 from mmengine.logging import print_log
 
 from mmvisatt.checkpoint.loading import abbreviate
-from .checks import leaf_datasets
-from .input_checks import MAX_CHECKED_ANN_BYTES, AnnotationError, _ann_file, check_coco_annotations, read_coco_file
+from mmvisatt.datasets.transforms import CorruptImageError, image_truncation, truncated_image_message
 
+# Annotation files above this size are left to the dataset: reading them twice would cost seconds of start-up and
+# gigabytes of memory, and the big public sets are known to be consistent. The check is for hand-made sets.
+MAX_CHECKED_ANN_BYTES = 64 * 2**20
 SAMPLE = 16
+
 # Share of a file's annotations mmdet drops (zero-area, outside the image) above which a warning is logged.
 DROPPED_WARN_FRACTION = 0.01
+
 LOADERS = ('train_dataloader', 'val_dataloader', 'test_dataloader')
+
 _EVALUATORS = {'val_dataloader': 'val_evaluator', 'test_dataloader': 'test_evaluator'}
+
 # EXIF orientations that rotate by 90 degrees: OpenCV applies them on loading, so the file's header has the
 # annotation's width and height swapped.
 _TRANSPOSING_ORIENTATIONS = {5, 6, 7, 8}
+
+# dataset type -> (name, where to get it)
+DATASET_SOURCES = {
+    'CocoDataset': ('COCO 2017', 'https://cocodataset.org/#download (2017 Train/Val images and '
+                                 '2017 Train/Val annotations)'),
+    'ADE20KDataset': ('ADE20K', 'http://data.csail.mit.edu/places/ADEchallenge/ADEChallengeData2016.zip'),
+}
+
+
+class MissingDataError(FileNotFoundError):
+    """The dataset a config points at is not on disk."""
+
+
+class AnnotationError(ValueError):
+    """An annotation file cannot be used with the config."""
+
+
+def leaf_datasets(dataset: Any) -> Iterator[dict]:
+    """The real datasets inside wrappers such as ``RepeatDataset`` (``dataset``) or ``ConcatDataset``
+    (``datasets``)."""
+    if not isinstance(dataset, dict):
+        return
+    if 'dataset' in dataset:
+        yield from leaf_datasets(dataset['dataset'])
+    elif 'datasets' in dataset:
+        for inner in dataset['datasets']:
+            yield from leaf_datasets(inner)
+    else:
+        yield dataset
+
+
+def _join(root: Optional[str], path: str) -> str:
+    return path if root is None or osp.isabs(path) else osp.join(root, path)
+
+
+def _needed_paths(dataset: dict) -> List[str]:
+    """Directories and files a dataset reads: its annotation file and its data prefixes."""
+    root = dataset.get('data_root')
+    paths = [_join(root, dataset['ann_file'])] if dataset.get('ann_file') else []
+    prefix = dataset.get('data_prefix') or {}
+    # mmdet/mmseg: dict(img=..., seg_map_path=...); mmpretrain: a folder name
+    paths += [_join(root, p) for p in (prefix.values() if isinstance(prefix, dict) else [prefix]) if p]
+    return paths or ([root] if root else [])
+
+
+def image_dir(dataset: dict) -> Optional[str]:
+    """The folder a dataset reads its images from (mmdet ``data_prefix.img``, mmseg ``img_path``, an mmpretrain
+    prefix string), under its ``data_root``; None when it names none."""
+    root, prefix = dataset.get('data_root'), dataset.get('data_prefix') or {}
+    folder = prefix.get('img', prefix.get('img_path')) if isinstance(prefix, dict) else prefix
+    return _join(root, folder) if folder else root
+
+
+def image_dirs(cfg: Config) -> List[str]:
+    """The image folders of every loader's datasets, for messages about an image that names no file."""
+    loaders = ('train_dataloader', 'val_dataloader', 'test_dataloader')
+    dirs = {image_dir(d) for loader in loaders for d in leaf_datasets((cfg.get(loader) or {}).get('dataset'))}
+    return sorted(d for d in dirs if d)
+
+
+def check_data(cfg: Config, loaders: Tuple[str, ...]) -> None:
+    """Raise :class:`MissingDataError` if a dataset used by ``loaders`` (e.g. ``('train_dataloader',
+    'val_dataloader')``) is missing, describing the expected layout and the ``--demo`` alternative."""
+    datasets = [d for name in loaders for d in leaf_datasets((cfg.get(name) or {}).get('dataset'))]
+    missing = [p for d in datasets for p in _needed_paths(d) if not osp.exists(p)]
+    if not missing:
+        for name in loaders:
+            for dataset in leaf_datasets((cfg.get(name) or {}).get('dataset')):
+                _check_class_folders(dataset, f'{name}.dataset')
+        return
+    kind = next((d['type'] for d in datasets if d.get('type') in DATASET_SOURCES), None)
+    name, source = DATASET_SOURCES.get(kind, ('the dataset', None))
+    roots = sorted({d['data_root'] for d in datasets if d.get('data_root')})
+    layout = sorted({p for d in datasets for p in _needed_paths(d)})
+    lines = [f'{name} not found: {missing[0]} does not exist (relative paths are relative to {osp.abspath(".")}).',
+             f'The config expects {name} laid out as:']
+    lines += [f'    {p}' for p in layout]
+    if source:
+        lines.append(f'Download it from {source}')
+    if roots:
+        lines.append(f'and unpack it there, or link an existing copy: ln -s /path/to/your/copy {roots[0].rstrip("/")}'
+                     f'  (or point the config elsewhere with --cfg-options).')
+    lines.append('To try the pipeline without it, add --demo: it trains and evaluates the same model on small '
+                 'generated data.')
+    raise MissingDataError('\n'.join(lines))
+
+
+# mmpretrain datasets that, without an ann_file, take each sub-folder of the image folder as a class
+_FOLDER_PER_CLASS = ('ImageNet', 'CustomDataset')
+
+
+def _check_class_folders(dataset: dict, where: str) -> None:
+    """An mmpretrain folder dataset without ``ann_file`` needs one sub-folder per class; images loose in the
+    folder (ImageNet's val set as downloaded, say) make mmpretrain fail with a bare assertion."""
+    folder = image_dir(dataset)
+    if dataset.get('type') not in _FOLDER_PER_CLASS or dataset.get('ann_file') or not folder or \
+            not osp.isdir(folder):
+        return
+    entries = os.listdir(folder)
+    if any(osp.isdir(osp.join(folder, e)) for e in entries):
+        return
+    images = [e for e in entries if e.lower().endswith(('.jpeg', '.jpg', '.png', '.bmp', '.webp'))]
+    raise MissingDataError(
+        f'{folder} holds {len(images)} images but no class sub-folders: without an ann_file, {dataset["type"]} '
+        f'reads <folder>/<class name>/<image>, one folder per class. Sort the images into class folders (for '
+        f'ImageNet val, move each image into the folder of its synset, e.g. with the widely used valprep.sh), or '
+        f'list them in an annotation file of "relative/path.JPEG label" lines and pass --cfg-options '
+        f'{where}.ann_file=meta/<split>.txt.')
+
+
+def _ann_file(dataset: dict) -> Optional[str]:
+    ann = dataset.get('ann_file')
+    if not ann:
+        return None
+    root = dataset.get('data_root')
+    return ann if root is None or osp.isabs(ann) else osp.join(root, ann)
+
+
+def check_evaluator_files(cfg: Config) -> None:
+    """Raise :class:`AnnotationError` when ``val_evaluator`` / ``test_evaluator`` score against another annotation
+    file than their dataset loads (data moved with ``--cfg-options *.dataset.data_root=...`` while the
+    evaluator's ``ann_file`` still names the old one): the scores would silently be against another set."""
+    problems = []
+    for loader, evaluator in (('val_dataloader', 'val_evaluator'), ('test_dataloader', 'test_evaluator')):
+        metrics = cfg.get(evaluator)
+        datasets = list(leaf_datasets((cfg.get(loader) or {}).get('dataset')))
+        if not metrics or len(datasets) != 1:
+            continue
+        dataset_file = _ann_file(datasets[0])
+        for i, metric in enumerate(metrics if isinstance(metrics, (list, tuple)) else [metrics]):
+            metric_file = metric.get('ann_file') if isinstance(metric, dict) else None
+            if not metric_file or not dataset_file or osp.normpath(metric_file) == osp.normpath(dataset_file):
+                continue
+            key = f'{evaluator}.ann_file' if not isinstance(metrics, (list, tuple)) else f'{evaluator}.{i}.ann_file'
+            problems.append(f'{key} is {metric_file}, but {loader} loads {dataset_file}: the scores would be '
+                            f'computed against another set. Pass --cfg-options {key}={dataset_file}')
+    if problems:
+        raise AnnotationError('\n'.join(problems))
+
+
+def read_coco_file(path: str) -> Any:
+    """The parsed JSON of ``path``; invalid JSON is an :class:`AnnotationError`."""
+    with open(path) as f:
+        try:
+            return json.load(f)
+        except json.JSONDecodeError as error:
+            raise AnnotationError(f'{path} is not valid JSON ({error}); re-export or re-download it.') from None
+
+
+def check_coco_annotations(path: str, train: bool = True, data: Any = None) -> None:
+    """Raise :class:`AnnotationError` if the COCO file at ``path`` (or its parsed ``data``) is not valid JSON, has
+    no images, (for training) no annotations, or annotations whose ``category_id`` is not among its
+    ``categories``. How the file fits the config's classes and model is
+    :func:`check_dataset_contents`'s part."""
+    data = read_coco_file(path) if data is None else data
+    if not isinstance(data, dict):
+        raise AnnotationError(f'{path} is not a COCO instances file: it holds a {type(data).__name__}, not an '
+                              f'object with "images", "annotations" and "categories".')
+    missing = [k for k in ('images', 'annotations', 'categories') if k not in data]
+    if missing:
+        raise AnnotationError(f'{path} is not a COCO instances file: it has no {missing} (it needs "images", '
+                              f'"annotations" and "categories" lists).')
+    if not data['images']:
+        raise AnnotationError(f'{path} lists no images; point ann_file at the right split or add the images.')
+    if train and not data['annotations']:
+        raise AnnotationError(f'{path} has images but no annotations: a detector cannot be trained on it (every '
+                              f'image would be filtered out as empty). Check that you exported the instances file.')
+    names = {c['id']: c.get('name') for c in data['categories']}
+    counts: Dict[Any, int] = {}
+    for ann in data['annotations']:
+        cat = ann.get('category_id')
+        if cat not in names:
+            counts[cat] = counts.get(cat, 0) + 1
+    if counts:
+        listed = ', '.join(f'{c} ({n} annotations)' for c, n in sorted(counts.items(), key=lambda x: str(x[0])))
+        raise AnnotationError(f'{path}: annotations use category_id {listed}, which "categories" does not define '
+                              f'(defined: {sorted(names.items())}). Add the categories or drop those annotations.')
 
 
 class _Findings:
@@ -570,7 +757,7 @@ def _seg_map_problem(seg_map: str, image: str, where: str, num_classes: Optional
     return None
 
 
-def preflight(cfg: Config, scope: str, loaders: Sequence[str] = LOADERS) -> List[str]:
+def check_dataset_contents(cfg: Config, scope: str, loaders: Sequence[str] = LOADERS) -> List[str]:
     """Check ``cfg``'s classes, heads and data files for ``loaders`` (``scope``: the task library, whose dataset
     types give the default classes); raise :class:`AnnotationError` listing every problem, log (on rank 0) and
     return the warnings."""
@@ -593,4 +780,32 @@ def preflight(cfg: Config, scope: str, loaders: Sequence[str] = LOADERS) -> List
     return warnings
 
 
-__all__ = ['preflight', 'head_num_classes', 'SAMPLE', 'DROPPED_WARN_FRACTION']
+_FAILED_IMAGE = re.compile(r'failed to load image: (\S+)')
+
+
+def explain_image_error(error: BaseException, image_dirs: Sequence[str] = ()) -> Optional[CorruptImageError]:
+    """A :class:`CorruptImageError` for mmcv's ``failed to load image: PATH`` assertion, for OpenCV's refusal of an
+    empty file (which names no file: ``image_dirs`` are the folders to search) or for a :class:`CorruptImageError`
+    (``CheckImageIntegrity``), also when re-raised from a dataloader worker, else None."""
+    if '!buf.empty()' in str(error):
+        where = ' '.join(image_dirs) or 'the image folders'
+        return CorruptImageError(
+            f'An image file is empty (0 bytes): OpenCV refuses it without naming it. Find such files with '
+            f'`find {where} -size 0` and replace them (re-download or re-copy), or remove them from the annotation '
+            f'file.')
+    if isinstance(error, CorruptImageError):
+        # a worker's error arrives as 'Caught ... Original Traceback ...': keep the message, not the traceback
+        _, _, message = str(error).rpartition(f'{CorruptImageError.__name__}: ')
+        return CorruptImageError(message.strip())
+    # the last match: a worker's traceback also quotes the source line, "f'failed to load image: {filename}'"
+    paths = _FAILED_IMAGE.findall(str(error))
+    if not isinstance(error, AssertionError) or not paths:
+        return None
+    path = paths[-1].rstrip("'\"")
+    problem = image_truncation(path) if osp.isfile(path) else None
+    if problem is not None:
+        return CorruptImageError(truncated_image_message(path, problem))
+    return CorruptImageError(
+        f'Image {path} cannot be decoded: the file is corrupt, truncated to nothing, or not an image. Replace it '
+        f'(re-download or re-encode), or remove it from the annotation file. Grayscale and RGBA images are fine: '
+        f'they are converted to 3-channel colour on loading.')
