@@ -165,3 +165,16 @@ def test_handoff_under_bfloat16_autocast():
         torch.testing.assert_close(a, b, rtol=0.05, atol=0.05)
     assert torch.isfinite(results[0][1]).all()
     torch.testing.assert_close(results[0][1], results[1][1], rtol=0.1, atol=0.05)
+
+
+def test_handoff_runs_on_the_meta_device():
+    # a FLOP count runs the configs' model (handoff=True) on meta tensors, which have no autocast state
+    from mmvisatt.analysis.model_zoo import count_multiply_adds
+    model = ReMViTv2(arch=ARCH, handoff=True).eval()
+    with torch.device('meta'):
+        meta_model = ReMViTv2(arch=ARCH, handoff=True).eval()
+    x = torch.empty(1, 3, 64, 64, device='meta')
+    with torch.no_grad():
+        outs = meta_model(x)
+    assert [o.shape for o in outs] == [o.shape for o in model(torch.zeros(1, 3, 64, 64))]
+    assert count_multiply_adds(lambda: meta_model(x)) > 0

@@ -86,7 +86,7 @@ def factored_attention(attn, q: Tensor, k: Tensor, v: Tensor, residual: ScoreFac
     q_cat = torch.cat([*weighted, own], dim=-1) if weighted else own
     k_cat = torch.cat([*keys, k], dim=-1) if keys else k
     dtype = q_cat.dtype
-    if torch.is_autocast_enabled(q.device.type):
+    if torch.amp.is_autocast_available(q.device.type) and torch.is_autocast_enabled(q.device.type):
         # alpha (float32) promoted the weighted queries; attend at the precision autocast asks for
         dtype = torch.get_autocast_dtype(q.device.type)
     q_cat, k_cat, v_in = q_cat.to(dtype), k_cat.to(dtype), v.to(dtype)

@@ -3,7 +3,8 @@ their queries or keys, or averages their heads) hands them on already shrunk, ro
 recomputes ``q k^T`` in the backward instead of keeping its own map. Neither the map nor its gradient is ever
 whole. Only for ``residual_mode='aligned'``; the values are those of the map path up to rounding.
 """
-from typing import Callable, List, NamedTuple, Optional, Tuple, Union
+import contextlib
+from typing import Callable, ContextManager, List, NamedTuple, Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -109,6 +110,12 @@ def _handoff_chunk(q_s: Tensor, k: Tensor, v: Tensor, prev: Optional[Tensor], al
     return out, handoff.reduce(scores, grid_rows)
 
 
+def _autocast_as_recorded(ctx) -> ContextManager:
+    if not torch.amp.is_autocast_available(ctx.device_type):
+        return contextlib.nullcontext()
+    return torch.autocast(ctx.device_type, dtype=ctx.autocast_dtype, enabled=ctx.autocast)
+
+
 class HandoffScoreAttention(torch.autograd.Function):
     """:class:`LeanScoreAttention` for a block whose scores shrink before the next block uses them
     (:class:`ScoreHandoff`): returns the attention output and the handed-on map, made row chunk by row chunk, so
@@ -125,8 +132,9 @@ class HandoffScoreAttention(torch.autograd.Function):
         B, heads, Nq, _ = q_s.shape
         qw = handoff.q_size[1]
         ctx.device_type = q_s.device.type
-        ctx.autocast = torch.is_autocast_enabled(ctx.device_type)
-        ctx.autocast_dtype = torch.get_autocast_dtype(ctx.device_type)
+        # devices without autocast (the meta device of a FLOP count) have no state to record
+        ctx.autocast = torch.amp.is_autocast_available(ctx.device_type) and torch.is_autocast_enabled(ctx.device_type)
+        ctx.autocast_dtype = torch.get_autocast_dtype(ctx.device_type) if ctx.autocast else None
         rel_h, rel_w = _flat_rows(rel_h), _flat_rows(rel_w)
         chunks = _handoff_row_chunks(handoff, B * heads * k.shape[-2])
         out = handed = None
@@ -158,8 +166,7 @@ class HandoffScoreAttention(torch.autograd.Function):
         grads = dict.fromkeys(sliced)
         shared = dict.fromkeys(('k', 'v', 'alpha', 'keep'))
         for a, b, c in ctx.chunks:
-            with torch.enable_grad(), torch.autocast(ctx.device_type, dtype=ctx.autocast_dtype,
-                                                     enabled=ctx.autocast):
+            with torch.enable_grad(), _autocast_as_recorded(ctx):
                 inputs = dict(q_s=leaf(q_s[:, :, a:b], 2), prev=leaf(_rows(prev, a, b), 5),
                               rel_h=leaf(_rows(rel_h, a, b), 8), rel_w=leaf(_rows(rel_w, a, b), 9))
                 part, rows = _handoff_chunk(inputs['q_s'], k_l, v_l, inputs['prev'], alpha, keep, inputs['rel_h'],
