@@ -130,3 +130,10 @@ def test_tool_errors_name_the_problem(tmp_path):
         tool.main([config, str(tmp_path / 'bb.pth'), '--shape', '64', '96', '--with-neck'])
     with pytest.raises(SystemExit, match='has no neck'):
         tool.main([osp.join(REPO, 'configs', 'upernet_reswin_t_160k_ade20k.py'), '--shape', '64', '96', '--with-neck'])
+
+
+def test_remvit_as_its_configs_build_it_exports(tmp_path):
+    # the ReMViTv2 configs set handoff=True: the export traces the plain composition of the same scores
+    result = export_onnx(_model('remvit', img_size=SIZE[0], handoff=True), str(tmp_path / 'remvit.onnx'), *SIZE,
+                         dynamic=True)
+    assert result.dynamic and all(err < TOLERANCE for _, err in result.errors)
