@@ -346,7 +346,7 @@ def prepare_test(argv: Optional[Sequence[str]] = None) -> Tuple[Config, argparse
     unmerged = apply_arguments(cfg, args, train=False)
     cfg.load_from = args.checkpoint
     add_custom_hooks(cfg, 'ChannelCheckHook')
-    scope = cfg.get('default_scope')
+    scope = import_task_library(cfg)
     if args.show_dir:
         cfg.default_hooks.visualization.draw = True
         if scope == 'mmdet':
@@ -355,7 +355,6 @@ def prepare_test(argv: Optional[Sequence[str]] = None) -> Tuple[Config, argparse
             cfg.visualizer.save_dir = args.show_dir
     if args.out and scope == 'mmseg':
         cfg.test_evaluator.update(output_dir=args.out, keep_results=True)
-    scope = import_task_library(cfg)
     preflight.check_test(cfg, scope, args.config, args.cfg_options, unmerged)
     return cfg, args
 

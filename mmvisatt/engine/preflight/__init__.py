@@ -21,7 +21,7 @@ from mmengine.config import Config
 
 from .checkpoints import (CorruptCheckpointError, MissingCheckpointError, check_checkpoint_file,
                           check_checkpoint_fits, check_load_from_fits, check_model_files, check_pretrained,
-                          check_resume_file, pretrained_inits)
+                          check_resume_file, missing_local_file, pretrained_inits)
 from .config import (LEGACY_KEYS, ConfigKeyError, check_cfg_options, check_legacy_keys, check_top_level_keys,
                      explain_build_error)
 from .data import (DROPPED_WARN_FRACTION, MAX_CHECKED_ANN_BYTES, SAMPLE, AnnotationError, CorruptImageError,
@@ -67,7 +67,7 @@ def check_test(cfg: Config, scope: str, config_file: str, options: Optional[Dict
     (``cfg.load_from``) and the test data; returns the warnings that were logged."""
     check_config_keys(cfg, config_file, options, unmerged)
     checkpoint = cfg.load_from
-    if '://' not in checkpoint and not osp.isfile(osp.expanduser(checkpoint)):
+    if missing_local_file(checkpoint):
         raise FileNotFoundError(f'checkpoint not found: {checkpoint}')
     check_checkpoint_file(checkpoint, 'Checkpoint', 'Pass a complete checkpoint file.', zip_only=True)
     check_data(cfg, ('test_dataloader',))
@@ -78,10 +78,10 @@ def check_test(cfg: Config, scope: str, config_file: str, options: Optional[Dict
 def check_infer(checkpoint: str, device: Optional[str]) -> str:
     """What ``tools/infer.py`` checks before it builds the model: the checkpoint file (returned with ``~``
     expanded) and the device."""
+    if missing_local_file(checkpoint):
+        raise FileNotFoundError(f'checkpoint not found: {osp.expanduser(checkpoint)}')
     if '://' not in checkpoint:
         checkpoint = osp.expanduser(checkpoint)
-        if not osp.isfile(checkpoint):
-            raise FileNotFoundError(f'checkpoint not found: {checkpoint}')
     if device and device.startswith('cuda') and not torch.cuda.is_available():
         raise InferenceError(f'--device {device}: CUDA is not available here; use --device cpu')
     return checkpoint
@@ -95,4 +95,4 @@ __all__ = ['check_train', 'check_test', 'check_infer', 'check_config_keys', 'che
            'check_evaluator_files', 'check_coco_annotations', 'check_dataset_contents', 'head_num_classes',
            'explain_image_error', 'image_dir', 'image_dirs', 'leaf_datasets', 'check_pretrained',
            'check_resume_file', 'check_checkpoint_file', 'check_load_from_fits', 'check_model_files',
-           'pretrained_inits']
+           'pretrained_inits', 'missing_local_file']

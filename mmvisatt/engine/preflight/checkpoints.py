@@ -59,10 +59,15 @@ def check_pretrained(cfg: Config) -> None:
         raise MissingCheckpointError('\n'.join(lines))
 
 
+def missing_local_file(path: Optional[str]) -> bool:
+    """Whether ``path`` names a local file (``~`` expanded) that is not there; URLs are left to their loader."""
+    return bool(path) and '://' not in path and not osp.isfile(osp.expanduser(path))
+
+
 def check_resume_file(cfg: Config) -> None:
     """``--resume PATH`` names a file that exists (mmengine would fail in torch.load with its traceback)."""
     path = cfg.get('load_from')
-    if cfg.get('resume') and path and '://' not in path and not osp.isfile(osp.expanduser(path)):
+    if cfg.get('resume') and missing_local_file(path):
         raise MissingCheckpointError(
             f'--resume {path}: no such file (working directory: {os.getcwd()}). Pass the path of a checkpoint the '
             f'run wrote (work_dir/epoch_N.pth or iter_N.pth), or a bare --resume to continue from the newest '
