@@ -61,7 +61,7 @@ def chunking(request, monkeypatch):
     if request.param == 'many_chunks':
         from mmvisatt.models.layers import lean_scores
         original = lean_scores.row_chunks
-        monkeypatch.setattr(lean_scores, 'row_chunks', lambda rows, numel: original(rows, numel, 3 * numel))
+        monkeypatch.setattr(lean_scores, 'row_chunks', lambda rows, numel, budget: original(rows, numel, 3 * numel))
     return request.param
 
 

@@ -443,6 +443,109 @@ def test_non_finite_loss_can_be_skipped(tiny_configs, tmp_path, nan_loss_cls_at_
     assert all(torch.isfinite(p).all() for p in runner.model.parameters())
 
 
+class _GuardedModel(torch.nn.Module):
+    """What NonFiniteGuardHook wraps: a model whose ``parse_losses`` sums the loss terms."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(3))
+
+    def parse_losses(self, losses):
+        loss = sum(losses.values())
+        return loss, dict(loss=loss, **losses)
+
+
+class _ScalerLikeWrapper:
+    """Stands for mmengine's AmpOptimWrapper (which needs a GPU): a ``loss_scaler`` whose step skips an update
+    with non-finite gradients, as torch's GradScaler does after reading its inf check back."""
+    loss_scaler = object()
+
+
+def _guarded(action='raise', amp=False):
+    from types import SimpleNamespace
+
+    from mmengine.logging import MessageHub
+    from mmengine.optim import OptimWrapper
+
+    from mmvisatt.engine.guards import NonFiniteGuardHook
+    model = _GuardedModel()
+    base = type('AmpLike', (_ScalerLikeWrapper, OptimWrapper), {}) if amp else OptimWrapper
+    wrapper = base(torch.optim.SGD(model.parameters(), lr=0.1))
+    events = []
+    original_backward, original_step = wrapper.backward, wrapper.optimizer.step
+
+    def backward(loss, **kwargs):
+        events.append('backward')
+        return original_backward(loss, **kwargs)
+
+    def step(*args, **kwargs):
+        grads_finite = min(torch.isfinite(p.grad).all().item() for p in model.parameters())  # not __bool__
+        events.append('step' if grads_finite or not amp else 'scaler skipped')
+        if grads_finite or not amp:
+            return original_step(*args, **kwargs)
+
+    wrapper.backward = backward
+    wrapper.optimizer.step = step
+    runner = SimpleNamespace(optim_wrapper=wrapper, model=model, iter=0, epoch=0,
+                             train_loop=SimpleNamespace(max_epochs=1),
+                             message_hub=MessageHub.get_instance('guard-test'))
+    hook = NonFiniteGuardHook(action=action)
+    hook.before_train(runner)
+    return hook, model, wrapper, events
+
+
+def _train_iteration(model, wrapper, value):
+    loss, _ = model.parse_losses(dict(loss_a=(model.weight * value).sum()))
+    wrapper.update_params(loss)
+
+
+@pytest.mark.parametrize('amp', [False, True], ids=['fp32', 'amp'])
+def test_non_finite_guard_reads_its_verdict_only_at_the_step(amp, monkeypatch):
+    """The verdict is read back after the backward is enqueued (fp32: before the optimizer steps; AMP: after the
+    scaler's step, which skipped the update itself), never between the forward and the backward."""
+    hook, model, wrapper, events = _guarded(amp=amp)
+    original_bool = torch.Tensor.__bool__
+
+    def reading(t):
+        events.append('read')
+        return original_bool(t)
+
+    monkeypatch.setattr(torch.Tensor, '__bool__', reading)
+    _train_iteration(model, wrapper, 1.0)
+    assert events == (['backward', 'step', 'read'] if amp else ['backward', 'read', 'step'])
+    events.clear()
+    before = model.weight.detach().clone()
+    with pytest.raises(NonFiniteLossError, match='iteration 1: loss_a=nan'):
+        _train_iteration(model, wrapper, float('nan'))
+    assert events[:2] == ['backward', 'scaler skipped' if amp else 'read']
+    assert 'step' not in events and torch.equal(model.weight.detach(), before)
+
+
+def test_non_finite_guard_skips_under_amp_and_resets_after_a_finite_step():
+    hook, model, wrapper, events = _guarded(action='skip', amp=True)
+    _train_iteration(model, wrapper, float('inf'))
+    assert hook.skipped == [1] and hook._consecutive == 1 and events[-1] == 'scaler skipped'
+    _train_iteration(model, wrapper, 1.0)
+    assert hook._consecutive == 0 and events[-1] == 'step'
+
+
+def test_non_finite_guard_covers_every_accumulated_loss():
+    """With gradient accumulation the optimizer steps once for several losses: one non-finite among them stops it."""
+    from mmengine.optim import OptimWrapper
+
+    from mmvisatt.engine.guards import NonFiniteGuardHook
+    hook, model, _, events = _guarded()
+    wrapper = OptimWrapper(torch.optim.SGD(model.parameters(), lr=0.1), accumulative_counts=2)
+    runner = hook._runner
+    hook.after_train(runner)
+    runner.optim_wrapper = wrapper
+    hook = NonFiniteGuardHook()
+    hook.before_train(runner)
+    _train_iteration(model, wrapper, float('nan'))  # accumulated, no step yet
+    with pytest.raises(NonFiniteLossError):
+        _train_iteration(model, wrapper, 1.0)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # 4. Bad input
 # ---------------------------------------------------------------------------------------------------------------

@@ -90,8 +90,8 @@ def test_chunked_attention_gradients(monkeypatch):
     q, k = (torch.randn(1, 2, 7, 6, dtype=F64, requires_grad=True) for _ in range(2))
     v = torch.randn(1, 2, 7, 3, dtype=F64, requires_grad=True)
     original = lean_scores.row_chunks
-    monkeypatch.setattr(lean_scores, 'row_chunks', lambda rows, numel: original(rows, numel, 2 * numel))
-    assert len(lean_scores.row_chunks(7, 14)) == 4
+    monkeypatch.setattr(lean_scores, 'row_chunks', lambda rows, numel, budget: original(rows, numel, 2 * numel))
+    assert len(lean_scores.row_chunks(7, 14, 1 << 22)) == 4
     assert torch.autograd.gradcheck(score_factors.ChunkedAttention.apply, (q, k, v))
     out = score_factors.ChunkedAttention.apply(q, k, v)
     assert _rel(out, (q @ k.transpose(-2, -1)).softmax(-1) @ v) < 1e-14

@@ -2,13 +2,19 @@
 
 mmengine updates the parameters with whatever loss the model returns; one NaN or Inf turns every weight into NaN
 and the run goes on logging ``nan`` and saving NaN checkpoints. :class:`NonFiniteGuardHook` checks the loss before
-the optimizer sees it (all ranks agree on the verdict, so a distributed run never hangs half-way through a step) and
-either raises :class:`NonFiniteLossError`, naming the iteration, the loss terms and the images, or skips the update.
-It is on by default in the runtime bases (``configs/_base_/default_runtime_{det,seg,cls}.py``).
+the optimizer steps with it (all ranks agree on the verdict, so a distributed run never hangs half-way through a
+step) and either raises :class:`NonFiniteLossError`, naming the iteration, the loss terms and the images, or skips
+the update. It is on by default in the runtime bases (``configs/_base_/default_runtime_{det,seg,cls}.py``).
+
+The check adds no host sync of its own before the backward: the verdict is computed on the loss's device (and
+all-reduced there) when the loss is made, and read back only at the step, once the backward is enqueued. Under
+AMP it is read after the step, whose loss scaler has already read back its own inf check (and skips any update
+whose gradients a non-finite loss made non-finite); in float32 it is read just before the optimizer steps, where
+``clip_grad`` reads back the gradient norm too.
 """
 import functools
 import math
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 import torch
 import torch.distributed as torch_dist
@@ -64,6 +70,7 @@ class NonFiniteGuardHook(Hook):
         self._images: List[str] = []
         self._runner: Any = None
         self._restore: List[Any] = []
+        self._finite: Optional[torch.Tensor] = None  # the verdict on the losses since the last step, on device
 
     def before_train(self, runner) -> None:
         optim_wrapper = runner.optim_wrapper
@@ -74,7 +81,8 @@ class NonFiniteGuardHook(Hook):
         self._runner = runner
         model = runner.model.module if is_model_wrapper(runner.model) else runner.model
         for owner, name, wrapper in ((model, 'parse_losses', self._parse_losses),
-                                     (optim_wrapper, 'update_params', self._update_params)):
+                                     (optim_wrapper, 'update_params', self._update_params),
+                                     (optim_wrapper, 'step', self._step)):
             original = getattr(owner, name)
             self._restore.append((owner, name, owner.__dict__.get(name)))
             setattr(owner, name, functools.partial(wrapper, original))
@@ -96,12 +104,13 @@ class NonFiniteGuardHook(Hook):
         self._log_vars = log_vars  # read only when something is wrong: no per-iteration device sync
         return loss, log_vars
 
-    def _all_finite(self, loss: torch.Tensor) -> bool:
-        finite = bool(torch.isfinite(loss.detach()).all())
+    def _finite_flag(self, loss: torch.Tensor) -> torch.Tensor:
+        """Whether ``loss`` is finite on every rank, as a tensor on the loss's device: nothing is read back."""
+        finite = torch.isfinite(loss.detach()).all()
         if is_distributed():
-            flag = torch.tensor([1 if finite else 0], dtype=torch.int32, device=loss.device)
+            flag = finite.to(torch.int32).reshape(1)
             torch_dist.all_reduce(flag, op=torch_dist.ReduceOp.MIN)
-            return bool(flag.item())
+            finite = flag[0].bool()
         return finite
 
     def _describe(self) -> str:
@@ -125,19 +134,39 @@ class NonFiniteGuardHook(Hook):
         return f'iteration {runner.iter + 1}{epoch}: ' + ('; '.join(lines) or 'non-finite total loss')
 
     def _update_params(self, update_params, loss: torch.Tensor, *args, **kwargs):
-        if self._all_finite(loss):
+        finite = self._finite_flag(loss)
+        # with gradient accumulation the step uses every loss since the last one
+        self._finite = finite if self._finite is None else self._finite & finite
+        return update_params(loss, *args, **kwargs)
+
+    def _step(self, step, *args, **kwargs):
+        finite, self._finite = self._finite, None
+        if finite is None:  # a step outside update_params: nothing was checked
+            return step(*args, **kwargs)
+        if hasattr(self._runner.optim_wrapper, 'loss_scaler'):
+            # AMP: the scaler reads its inf check back and skips the update; reading ours after it adds no wait
+            result = step(*args, **kwargs)
+            if not bool(finite):
+                self._non_finite()
+            else:
+                self._consecutive = 0
+            return result
+        if bool(finite):
             self._consecutive = 0
-            return update_params(loss, *args, **kwargs)
+            return step(*args, **kwargs)
+        self._non_finite()
+        return None
+
+    def _non_finite(self) -> None:
+        """The step's loss was not finite and the optimizer did not step with it: skip (``update_params`` zeroes
+        the gradients next) or raise."""
         what = self._describe()
         runner = self._runner
         if self.action == 'skip' and self._consecutive < self.max_consecutive_skips:
-            optim_wrapper = runner.optim_wrapper
-            optim_wrapper.backward(optim_wrapper.scale_loss(loss))
-            optim_wrapper.zero_grad()
             self._consecutive += 1
             self.skipped.append(runner.iter + 1)
             print_log(f'NonFiniteGuardHook: skipped the update of {what}', logger='current', level=30)
-            return None
+            return
         ckpt = runner.message_hub.get_info('last_ckpt')
         lines = [f'Non-finite loss at {what}.',
                  'The parameters were not updated with it' + (f'; the last checkpoint is {ckpt}.' if ckpt else '.')]

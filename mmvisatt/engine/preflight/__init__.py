@@ -22,8 +22,8 @@ from mmengine.config import Config
 from .checkpoints import (CorruptCheckpointError, MissingCheckpointError, check_checkpoint_file,
                           check_checkpoint_fits, check_load_from_fits, check_model_files, check_pretrained,
                           check_resume_file, missing_local_file, pretrained_inits)
-from .config import (LEGACY_KEYS, ConfigKeyError, check_cfg_options, check_legacy_keys, check_top_level_keys,
-                     explain_build_error)
+from .config import (LEGACY_KEYS, ConfigKeyError, check_cfg_options, check_compile_memory_paths, check_legacy_keys,
+                     check_top_level_keys, explain_build_error)
 from .data import (DROPPED_WARN_FRACTION, MAX_CHECKED_ANN_BYTES, SAMPLE, AnnotationError, CorruptImageError,
                    MissingDataError,
                    check_coco_annotations, check_data, check_dataset_contents, check_evaluator_files,
@@ -58,7 +58,7 @@ def check_train(cfg: Config, scope: str, config_file: str, options: Optional[Dic
     check_pretrained(cfg)
     check_resume_file(cfg)
     check_model_files(cfg)
-    return check_dataset_contents(cfg, scope, loaders)
+    return check_compile_memory_paths(cfg) + check_dataset_contents(cfg, scope, loaders)
 
 
 def check_test(cfg: Config, scope: str, config_file: str, options: Optional[Dict[str, Any]] = None,
@@ -95,4 +95,4 @@ __all__ = ['check_train', 'check_test', 'check_infer', 'check_config_keys', 'che
            'check_evaluator_files', 'check_coco_annotations', 'check_dataset_contents', 'head_num_classes',
            'explain_image_error', 'image_dir', 'image_dirs', 'leaf_datasets', 'check_pretrained',
            'check_resume_file', 'check_checkpoint_file', 'check_load_from_fits', 'check_model_files',
-           'pretrained_inits', 'missing_local_file']
+           'pretrained_inits', 'missing_local_file', 'check_compile_memory_paths']

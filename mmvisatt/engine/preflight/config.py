@@ -151,3 +151,29 @@ def check_top_level_keys(cfg: Config, source: str, cutoff: float = 0.8) -> None:
                             f'did you mean {close[0]!r}?')
     if problems:
         raise ConfigKeyError('\n'.join(problems))
+
+
+# backbone arguments whose memory path is a row-chunked autograd function, which torch.compile does not trace:
+# compiled blocks run the plain score path instead (docs/performance.md, "GPU readiness")
+COMPILED_PLAIN_PATHS = {'handoff': 'score handoff', 'carry_factors': 'carried score factors'}
+
+
+def check_compile_memory_paths(cfg: Config) -> List[str]:
+    """Warn (and return the warnings) where ``compile`` is on and the backbone asks for a memory path that a
+    compiled step does not run, with what that costs."""
+    if not cfg.get('compile'):
+        return []
+    from mmengine.logging import print_log
+    backbone = (cfg.get('model') or {}).get('backbone') or {}
+    warnings = []
+    for key, path in COMPILED_PLAIN_PATHS.items():
+        if backbone.get(key) is True:
+            warnings.append(
+                f"compile=True with model.backbone.{key}=True: the {path} is a row-chunked autograd function "
+                "that torch.compile does not trace, so the compiled blocks take the plain score path, which keeps "
+                "every block's whole score map for the backward. The training peak is then that of "
+                f"{key}=False (docs/performance.md, \"GPU readiness\", measures both). To keep the {path}'s "
+                'memory cut, train without compile (--cfg-options compile=False).')
+    for message in warnings:
+        print_log(message, logger='current', level=30)
+    return warnings

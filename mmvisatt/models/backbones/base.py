@@ -1,7 +1,8 @@
 """The base class of every mmvisatt backbone (presets, input checks, pretrained loading, freezing, layer ids), the
 initialisation they share, and the base RMT and EVT share."""
-from typing import Callable, Dict, Iterator, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
+import torch
 import torch.nn as nn
 from mmengine.logging import print_log
 from mmengine.model import BaseModule
@@ -23,6 +24,13 @@ def stage_layer_order(stages: Sequence[nn.Module], name: str = 'stages', before:
         yield from ((f'{name}.{i}.{m}', False) for m in before)
         yield from ((f'{name}.{i}.blocks.{j}', True) for j in range(len(stage.blocks)))
         yield from ((f'{name}.{i}.{m}', False) for m in after)
+
+
+def drop_path_rates(rate: float, count: int) -> List[float]:
+    """Stochastic depth rising linearly from 0 to ``rate`` over ``count`` blocks (the float32 ``linspace`` every
+    official implementation uses). Built on the host whatever the default device: under ``torch.device('meta')``
+    (deferred initialisation) a meta tensor has no values to read."""
+    return torch.linspace(0, rate, count, device='cpu').tolist()
 
 
 def init_transformer_weights(model: nn.Module, extra: Optional[Callable[[nn.Module], None]] = None) -> None:

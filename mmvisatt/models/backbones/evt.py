@@ -28,7 +28,7 @@ from ..layers.checkpoint import checkpoint
 from ..layers.patch import PatchEmbed, PatchMerging
 from ..layers.retentive import ConvDownsample, ConvStem, RetentiveBlock
 from ..layers.spatial_decay import SpatialDecay, TokenGroups, group_tokens, grouped_attention_fused, ungroup_tokens
-from .base import DecayBackbone
+from .base import DecayBackbone, drop_path_rates
 
 MODES = ('grouped', 'dilated', 'full')
 
@@ -202,7 +202,7 @@ class EVT(DecayBackbone):
         self.group_size = group_size
         self.style = style
         rate = arch['drop_path_rate'] if drop_path_rate is None else drop_path_rate
-        rates = torch.linspace(0, rate, sum(depths)).tolist()
+        rates = drop_path_rates(rate, sum(depths))
         self.fused_attn = resolve_fused_attn(fused_attn)
         self.patch_embed = (ConvStem(in_channels, dims[0], norm_cfg)
                             if style == 'rmt' else PatchEmbed(in_channels, dims[0], 4))

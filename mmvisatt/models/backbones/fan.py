@@ -35,7 +35,7 @@ from ..layers.layout import tokens_to_map
 from ..layers.patch import PatchEmbed, PatchMerging
 from ..layers.simple_pyramid import PYRAMID_WIDTHS, SimpleFeaturePyramid
 from ..layers.window import WindowAttentionBase, WindowGrid, merge_windows, partition_windows, window_attention_mask
-from .base import AttentionBackbone, LayerOrder, init_transformer_weights, stage_layer_order
+from .base import AttentionBackbone, LayerOrder, drop_path_rates, init_transformer_weights, stage_layer_order
 
 Size = Tuple[int, int]
 
@@ -540,7 +540,8 @@ class FANBase(AttentionBackbone):
     def _output(self, i: int, x: Tensor, height: int, width: int) -> Tensor:
         """Crop an NCHW level to ceil(H / stride) x ceil(W / stride) and apply its output norm."""
         stride = self.strides[i]
-        x = x[..., :math.ceil(height / stride), :math.ceil(width / stride)]
+        # integer ceil: a float of the sizes would be a symbolic float under torch.compile(dynamic=True)
+        x = x[..., :-(-height // stride), :-(-width // stride)]
         if self.out_norms:
             x = getattr(self, f'norm{i}')(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
         return x.contiguous()
@@ -742,7 +743,7 @@ class FANSwin(FANBase):
         self.num_features = [arch['embed_dims'] * 2 ** i for i in range(4)]
         self.patch_embed = PatchEmbed(in_channels, arch['embed_dims'], patch_size)
         self.pos_drop = nn.Dropout(drop_rate)
-        rates = torch.linspace(0, drop_path_rate, sum(depths), device='cpu').tolist()
+        rates = drop_path_rates(drop_path_rate, sum(depths))
         self.stages = nn.ModuleList()
         for i in range(4):
             start = sum(depths[:i])

@@ -28,7 +28,7 @@ from ..layers.residual_attention import (ALIGNERS, POOLED_ALIGNERS, PooledScores
                                          mix_scores)
 from ..layers.simple_pyramid import PYRAMID_SCALES, SimpleFeaturePyramid
 from ..layers.window import WindowAttentionBase, WindowGrid, merge_windows, partition_windows, window_attention_mask
-from .base import AttentionBackbone, LayerOrder, init_transformer_weights, stage_layer_order
+from .base import AttentionBackbone, LayerOrder, drop_path_rates, init_transformer_weights, stage_layer_order
 
 
 class WindowResidualAttention(WindowAttentionBase):
@@ -201,7 +201,7 @@ class ReSwinTransformer(AttentionBackbone):
             self.alpha = 0.5
         else:
             self.alpha = nn.Parameter(torch.tensor([float(alpha_init)]))
-        rates = torch.linspace(0, drop_path_rate, sum(depths)).tolist()
+        rates = drop_path_rates(drop_path_rate, sum(depths))
         self.stages = nn.ModuleList()
         for i in range(num_stages):
             start = sum(depths[:i])
@@ -255,11 +255,12 @@ class ReViTBlock(nn.Module):
                  drop_path: float = 0., pool_kernel: Optional[Tuple[int, int]] = None,
                  stride_q: Tuple[int, int] = (1, 1), stride_kv: Tuple[int, int] = (1, 1),
                  rel_pos_size: Optional[int] = None, residual_pooling: bool = False, residual_mode: str = 'aligned',
-                 fused_attn: bool = True):
+                 fused_attn: bool = True, score_chunk_numel: Optional[int] = None):
         super().__init__()
         self.norm1 = nn.LayerNorm(dim, eps=1e-6)
         self.attn = PoolingResidualAttention(dim, dim_out, num_heads, qkv_bias, pool_kernel, stride_q, stride_kv,
-                                             rel_pos_size, residual_pooling, residual_mode, lean_scores=fused_attn)
+                                             rel_pos_size, residual_pooling, residual_mode, lean_scores=fused_attn,
+                                             chunk_numel=score_chunk_numel)
         self.shortcut_proj = nn.Linear(dim, dim_out) if dim != dim_out else None
         if math.prod(stride_q) > 1:
             kernel = [s + 1 if s > 1 else s for s in stride_q]
@@ -340,6 +341,10 @@ class ReViT(AttentionBackbone):
         fused_attn: the lean score path (True; ``PoolingResidualAttention(lean_scores=True)``) or the plain
             autograd composition of the same ops (False, the reference); None takes the global default
             (:mod:`~mmvisatt.models.layers.attention`).
+        score_chunk_numel: score elements per row chunk of the lean, factor and handoff paths (they bound the
+            softmax's temporaries); None (default) takes the device's default,
+            :func:`~mmvisatt.models.layers.lean_scores.default_chunk_numel` (16 MiB of float32 on a CPU, 256 MiB
+            elsewhere; docs/performance.md). Values do not depend on it beyond summation order.
     """
     arch_zoo = {'b': dict(embed_dims=768, depth=12, num_heads=12)}
     _arch_keys = ('embed_dims', 'depth', 'num_heads')
@@ -352,7 +357,8 @@ class ReViT(AttentionBackbone):
                  alpha_init: float = 0.5, learnable_alpha: bool = True, out_indices: Sequence[int] = (0, 1, 2, 3),
                  frozen_stages: int = -1, norm_eval: bool = False, with_cp: bool = False,
                  carry_factors: bool = False, factor_run: Optional[int] = 3,
-                 fused_attn: Optional[bool] = None, init_cfg: Optional[dict] = None):
+                 fused_attn: Optional[bool] = None, score_chunk_numel: Optional[int] = None,
+                 init_cfg: Optional[dict] = None):
         super().__init__(init_cfg=init_cfg)
         arch = self._resolve_arch(arch)
         dim, depth = arch['embed_dims'], arch['depth']
@@ -375,10 +381,10 @@ class ReViT(AttentionBackbone):
         self.pos_grid = (img_size // patch_size, img_size // patch_size)
         self.pos_embed = nn.Parameter(torch.zeros(1, self.pos_grid[0] * self.pos_grid[1], dim))
         self.alpha = _make_alpha(alpha_init, learnable_alpha)
-        rates = torch.linspace(0, drop_path_rate, depth, device='cpu').tolist()
+        rates = drop_path_rates(drop_path_rate, depth)
         self.blocks = nn.ModuleList([
             ReViTBlock(dim, dim, arch['num_heads'], mlp_ratio, qkv_bias, drop_path=rates[i],
-                       fused_attn=self.fused_attn) for i in range(depth)
+                       fused_attn=self.fused_attn, score_chunk_numel=score_chunk_numel) for i in range(depth)
         ])
         self.pyramid = SimpleFeaturePyramid(dim, self.out_indices)
         self.num_features = self.pyramid.out_channels
@@ -409,8 +415,11 @@ class ReViT(AttentionBackbone):
         levels = self.pyramid(x.permute(0, 3, 1, 2))
         outs = []
         for i in self.out_indices:
-            stride = self.patch_size / PYRAMID_SCALES[i]
-            level = levels[i][..., :math.ceil(H / stride), :math.ceil(W / stride)]
+            # ceil(H / stride) for stride = patch / scale, in integers: a float of the sizes would be a symbolic
+            # float under torch.compile(dynamic=True)
+            num, den = PYRAMID_SCALES[i].as_integer_ratio()
+            rows, cols = -(-H * num // (self.patch_size * den)), -(-W * num // (self.patch_size * den))
+            level = levels[i][..., :rows, :cols]
             outs.append(getattr(self, f'norm{i}')(level.permute(0, 2, 3, 1)).permute(0, 3, 1, 2).contiguous())
         return tuple(outs)
 
@@ -498,7 +507,7 @@ class ReMViTv2(AttentionBackbone):
             maps, the reference. The dense and ImageNet configs set it (their training peak: docs/performance.md).
             The values are the same up to rounding.
         fused_attn: the lean score path (True) or the plain autograd composition of the same ops (False, the
-            reference), as in :class:`ReViT`.
+            reference), as in :class:`ReViT`. score_chunk_numel: as in :class:`ReViT`.
         out_indices, frozen_stages, norm_eval, with_cp, drop_path_rate, init_cfg: as in ReSwinTransformer.
     """
     arch_zoo = {
@@ -518,7 +527,7 @@ class ReMViTv2(AttentionBackbone):
                  alpha_init: float = 0.5, learnable_alpha: bool = True, out_indices: Sequence[int] = (0, 1, 2, 3),
                  frozen_stages: int = -1, norm_eval: bool = False, with_cp: bool = False,
                  handoff: bool = False, fused_attn: Optional[bool] = None,
-                 init_cfg: Optional[dict] = None):
+                 score_chunk_numel: Optional[int] = None, init_cfg: Optional[dict] = None):
         super().__init__(init_cfg=init_cfg)
         arch = self._resolve_arch(arch)
         if not isinstance(handoff, bool):
@@ -546,7 +555,7 @@ class ReMViTv2(AttentionBackbone):
         self.alpha = _make_alpha(alpha_init, learnable_alpha)
         kv_stride = _pair(adaptive_kv_stride)
         side = img_size // patch['stride']  # the build-time grid fixes the relative-position table lengths
-        rates = iter(torch.linspace(0, drop_path_rate, sum(depths), device='cpu').tolist())
+        rates = iter(drop_path_rates(drop_path_rate, sum(depths)))
         in_dim = dims[0]
         self.stages = nn.ModuleList()
         for i, depth in enumerate(depths):
@@ -558,7 +567,7 @@ class ReMViTv2(AttentionBackbone):
                 blocks.append(
                     ReViTBlock(in_dim, dims[i], heads[i], mlp_ratio, qkv_bias, next(rates), _pair(pool_kernel),
                                stride_q, kv_stride, rel_pos_size, residual_pooling, residual_mode,
-                               self.fused_attn))
+                               self.fused_attn, score_chunk_numel))
                 side //= stride_q[1]
                 in_dim = dims[i]
             self.stages.append(ReMViTStage(blocks, with_cp))

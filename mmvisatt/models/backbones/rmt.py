@@ -22,7 +22,7 @@ from ..layers.attention import attention, resolve_fused_attn
 from ..layers.checkpoint import checkpoint_seq
 from ..layers.retentive import ConvDownsample, ConvStem, RetentiveBlock
 from ..layers.spatial_decay import SpatialDecay
-from .base import DecayBackbone
+from .base import DecayBackbone, drop_path_rates
 
 
 class RasterRotary(nn.Module):
@@ -188,7 +188,7 @@ class RMT(DecayBackbone):
         n = len(depths)
         self._setup(in_channels, dims, out_indices, frozen_stages, norm_eval, out_norms)
         rate = arch['drop_path_rate'] if drop_path_rate is None else drop_path_rate
-        rates = torch.linspace(0, rate, sum(depths)).tolist()
+        rates = drop_path_rates(rate, sum(depths))
         self.fused_attn = resolve_fused_attn(fused_attn)
         self.patch_embed = ConvStem(in_channels, dims[0], norm_cfg)
         self.stages = nn.ModuleList()

@@ -21,7 +21,6 @@ Both are identical when the stage-1 map is divisible by the largest rate, e.g. f
 import re
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
-import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from mmcv.cnn import ConvModule
@@ -35,7 +34,7 @@ from ..layers.attention import resolve_fused_attn
 from ..layers.checkpoint import checkpoint, checkpoint_seq
 from ..layers.layout import map_to_tokens, tokens_to_map
 from ..layers.shunted_attention import ODD_SIZES, ShuntedAttention, check_choice
-from .base import AttentionBackbone, LayerOrder, stage_layer_order
+from .base import AttentionBackbone, LayerOrder, drop_path_rates, stage_layer_order
 
 Size = Tuple[int, int]
 
@@ -200,7 +199,7 @@ class ShuntedTransformer(AttentionBackbone):
         self.num_features = list(dims)
         self.fused_attn = resolve_fused_attn(fused_attn)
 
-        rates = iter(torch.linspace(0, drop_path_rate, sum(depths), device='cpu').tolist())
+        rates = iter(drop_path_rates(drop_path_rate, sum(depths)))
         self.stages = nn.ModuleList()
         for i in range(num_stages):
             if i == 0:

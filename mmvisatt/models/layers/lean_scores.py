@@ -1,8 +1,9 @@
 """The lean score path of the ReViT family's attention (the default, ``fused_attn=True``): the residual mix,
 relative positions, softmax and ``@ v`` as one autograd function that keeps one score-sized tensor per layer.
 
-Softmax and ``@ v`` run in row chunks of :func:`row_chunks` (16 MiB); the backward keeps only the carried scores
-and q, k, v and recomputes the softmax chunk by chunk. :class:`ResidualGate` gives the previous scores their
+Softmax and ``@ v`` run in row chunks of :func:`row_chunks`, each at most a budget of score elements (an argument;
+by default :func:`default_chunk_numel` of the device); the backward keeps only the carried scores and q, k, v and
+recomputes the softmax chunk by chunk. :class:`ResidualGate` gives the previous scores their
 share of the gradient through the (linear) alignment. Forward values are bit-identical to the plain composition
 (``PoolingResidualAttention(lean_scores=False)``); gradients equal up to summation order.
 """
@@ -14,16 +15,34 @@ from torch import Tensor
 from .inplace import add_into
 
 
-def row_chunks(rows: int, row_numel: int, budget: int = 1 << 22):
-    """Query-row ranges of at most ``budget`` score elements each (16 MiB in float32)."""
+# Score elements per row chunk. On a CPU, 16 MiB of float32: the chunk's softmax stays in the caches of the two
+# cores it was tuned on (docs/performance.md). Elsewhere (a GPU) 256 MiB: the chunks bound a temporary's memory,
+# and every kernel of a chunk still moves hundreds of megabytes, so launches stay a small share of the time and
+# the chunk count grows with the batch only once a batch's scores pass the budget.
+CHUNK_NUMEL = {'cpu': 1 << 22}
+DEVICE_CHUNK_NUMEL = 1 << 26
+
+
+def default_chunk_numel(device: torch.device) -> int:
+    """The row-chunk budget, in score elements, for tensors on ``device`` (see :data:`CHUNK_NUMEL`)."""
+    return CHUNK_NUMEL.get(torch.device(device).type, DEVICE_CHUNK_NUMEL)
+
+
+def chunk_numel(budget: Optional[int], device: torch.device) -> int:
+    """``budget``, or the device's default where it is None."""
+    return default_chunk_numel(device) if budget is None else budget
+
+
+def row_chunks(rows: int, row_numel: int, budget: int):
+    """Query-row ranges of at most ``budget`` score elements each (one row when a row alone is larger)."""
     step = max(1, budget // max(row_numel, 1))
     return [(start, min(start + step, rows)) for start in range(0, rows, step)]
 
 
-def _chunked_dot(a: Tensor, b: Tensor, dtype: torch.dtype) -> Tensor:
+def _chunked_dot(a: Tensor, b: Tensor, dtype: torch.dtype, budget: int) -> Tensor:
     """``(a * b).sum()`` of two (B, heads, N, M) tensors without materialising the score-sized product."""
     total = a.new_zeros((), dtype=dtype)
-    for start, end in row_chunks(a.shape[-2], a.shape[:-2].numel() * a.shape[-1]):
+    for start, end in row_chunks(a.shape[-2], a.shape[:-2].numel() * a.shape[-1], budget):
         total = total + torch.sum(a[..., start:end, :] * b[..., start:end, :], dtype=dtype)
     return total
 
@@ -39,9 +58,10 @@ class ResidualGate(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, prev: Tensor, keep: Union[Tensor, float]) -> Tensor:
+    def forward(ctx, prev: Tensor, keep: Union[Tensor, float], budget: Optional[int] = None) -> Tensor:
         # a tensor keep goes through save_for_backward: kept on ctx, a non-leaf one would pin its graph
         ctx.keep = None if torch.is_tensor(keep) else keep
+        ctx.budget = chunk_numel(budget, prev.device)
         ctx.save_for_backward(prev, keep if torch.is_tensor(keep) else None)
         return prev.view_as(prev)
 
@@ -49,12 +69,12 @@ class ResidualGate(torch.autograd.Function):
     def backward(ctx, grad: Tensor):
         prev, keep = ctx.saved_tensors
         if keep is None:
-            return grad * ctx.keep, None
+            return grad * ctx.keep, None, None
         d_prev = grad * keep if ctx.needs_input_grad[0] else None
         d_keep = None
         if ctx.needs_input_grad[1]:
-            d_keep = _chunked_dot(grad, prev, keep.dtype).reshape(keep.shape)
-        return d_prev, d_keep
+            d_keep = _chunked_dot(grad, prev, keep.dtype, ctx.budget).reshape(keep.shape)
+        return d_prev, d_keep, None
 
 
 class LeanScoreAttention(torch.autograd.Function):
@@ -68,21 +88,24 @@ class LeanScoreAttention(torch.autograd.Function):
     gradients. Forward values are those of :func:`mix_scores` and :func:`add_decomposed_rel_pos`, op for op.
 
     ``keep`` is ``1 - alpha`` for ReViT's mix. ``aligned`` must come from ``ResidualGate``-wrapped scores (with the
-    same ``keep``): its gradient is reported unscaled, and keep's gradient is taken there.
+    same ``keep``): its gradient is reported unscaled, and keep's gradient is taken there. ``budget``: score
+    elements per row chunk (None: :func:`default_chunk_numel` of the device).
     """
 
     @staticmethod
     def forward(ctx, q_s: Tensor, k: Tensor, v: Tensor, aligned: Optional[Tensor], alpha: Union[Tensor, float],
-                keep: Union[Tensor, float], rel_h: Optional[Tensor], rel_w: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+                keep: Union[Tensor, float], rel_h: Optional[Tensor], rel_w: Optional[Tensor],
+                budget: Optional[int] = None) -> Tuple[Tensor, Tensor]:
         B, heads, Nq, _ = q_s.shape
         Nk = k.shape[-2]
+        budget = ctx.budget = chunk_numel(budget, q_s.device)
         scores = q_s @ k.transpose(-2, -1)
         ctx.s_dtype = scores.dtype
         if aligned is not None:
             if not (isinstance(alpha, float) and alpha == 1.0):  # 1.0: the queries carry their weights already
                 scores = scores.mul_(alpha) if torch.result_type(scores, alpha) == scores.dtype else alpha * scores
             # chunked so the scaled residual is never a second score-sized temporary
-            for a, b in row_chunks(Nq, B * heads * Nk):
+            for a, b in row_chunks(Nq, B * heads * Nk, budget):
                 scores[:, :, a:b].add_(keep * aligned[:, :, a:b])
         if rel_h is not None:
             qh, qw, kh, kw = rel_h.shape[2], rel_h.shape[3], rel_h.shape[4], rel_w.shape[4]
@@ -90,7 +113,7 @@ class LeanScoreAttention(torch.autograd.Function):
             scores = grid.add_(rel_w[..., None, :]).view(B, heads, Nq, Nk)
             ctx.rel_qh, ctx.rel_kw = qh, kw
         out = None
-        for a, b in row_chunks(Nq, B * heads * Nk):
+        for a, b in row_chunks(Nq, B * heads * Nk, budget):
             probs = scores[:, :, a:b].softmax(dim=-1)
             part = probs @ v
             if out is None:
@@ -109,6 +132,7 @@ class LeanScoreAttention(torch.autograd.Function):
     def backward(ctx, d_out: Optional[Tensor], d_scores_in: Optional[Tensor]):
         q_s, k, v, scores, alpha_t = ctx.saved_tensors
         B, heads, Nq, Nk = scores.shape
+        budget = ctx.budget
         s_dtype, p_dtype, o_dtype = ctx.s_dtype, ctx.p_dtype, ctx.o_dtype
         k_mm, q_mm, v_mm = k.to(s_dtype), q_s.to(s_dtype), v.to(o_dtype)
         # fp32 accumulators: the chunks are summed here, where autograd sums inside one matmul
@@ -125,7 +149,7 @@ class LeanScoreAttention(torch.autograd.Function):
             kw = ctx.rel_kw
             d_rel_h = scores.new_empty(B, heads, Nq, Nk // kw, dtype=acc)
             d_rel_w = scores.new_empty(B, heads, Nq, kw, dtype=acc)
-        for a, b in row_chunks(Nq, B * heads * Nk):
+        for a, b in row_chunks(Nq, B * heads * Nk, budget):
             probs = scores[:, :, a:b].softmax(dim=-1, dtype=p_dtype)
             if d_out is not None:
                 d_out_c = d_out[:, :, a:b].to(o_dtype)
@@ -162,4 +186,4 @@ class LeanScoreAttention(torch.autograd.Function):
             h_dtype, w_dtype = ctx.rel_meta
             d_rel = (d_rel_h.reshape(B, heads, qh, -1, Nk // kw).to(h_dtype),
                      d_rel_w.reshape(B, heads, qh, -1, kw).to(w_dtype))
-        return g.to(q_s.dtype), d_k.to(k.dtype), d_v.to(v.dtype), d_aligned, d_alpha, None, *d_rel
+        return g.to(q_s.dtype), d_k.to(k.dtype), d_v.to(v.dtype), d_aligned, d_alpha, None, *d_rel, None

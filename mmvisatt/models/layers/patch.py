@@ -26,7 +26,10 @@ class PatchEmbed(nn.Module):
         """(B, C_in, H, W) -> (B, ceil(H/stride), ceil(W/stride), C)."""
         if self.pad_input:
             s = self.stride
-            x = F.pad(x, (0, -x.shape[-1] % s, 0, -x.shape[-2] % s))
+            # ceil-div rather than a modulo: under torch.compile(dynamic=True) a modulo in the padded size reaches
+            # the float scale of a later resize, which AOTAutograd cannot turn into a tensor
+            H, W = x.shape[-2:]
+            x = F.pad(x, (0, -(-W // s) * s - W, 0, -(-H // s) * s - H))
         # Without a norm (ViT, MViTv2) the permuted view would be the residual stream itself, and every add,
         # norm and projection after it would work across strides; one copy makes the tokens contiguous.
         return self.norm(self.proj(x).permute(0, 2, 3, 1).contiguous())

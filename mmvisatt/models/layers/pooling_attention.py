@@ -85,6 +85,8 @@ class PoolingResidualAttention(nn.Module):
         lean_scores: the lean score path (:mod:`.lean_scores`, default; the backbones' ``fused_attn=True``) or the
             plain autograd composition of the same ops (False): the reference the lean path is tested against, and
             what ``torch.compile`` traces. Forward values are bit-identical; gradients equal up to summation order.
+        chunk_numel: score elements per row chunk of the lean, handoff and factor paths; None (default) takes the
+            input device's default (:func:`~.lean_scores.default_chunk_numel`: small on a CPU, large elsewhere).
 
     Three paths, then: the reference, the lean one, and a memory-saving one in a module of its own, chosen by what
     the caller passes. :class:`~mmvisatt.models.layers.residual_attention.ScoreFactors` as ``residual`` (plain ViT
@@ -97,8 +99,13 @@ class PoolingResidualAttention(nn.Module):
     def __init__(self, dim: int, dim_out: int, num_heads: int, qkv_bias: bool = True,
                  pool_kernel: Optional[Pair] = None, stride_q: Pair = (1, 1), stride_kv: Pair = (1, 1),
                  rel_pos_size: Optional[int] = None, residual_pooling: bool = False,
-                 residual_mode: str = 'aligned', norm_eps: float = 1e-6, lean_scores: bool = True):
+                 residual_mode: str = 'aligned', norm_eps: float = 1e-6, lean_scores: bool = True,
+                 chunk_numel: Optional[int] = None):
         super().__init__()
+        if chunk_numel is not None and chunk_numel < 1:
+            raise ValueError(f'chunk_numel must be a positive number of score elements, or None for the '
+                             f"device's default, got {chunk_numel}")
+        self.chunk_numel = chunk_numel
         if residual_mode not in POOLED_ALIGNERS:
             raise ValueError(f"residual_mode must be one of {sorted(POOLED_ALIGNERS)}, got '{residual_mode}'")
         self.num_heads = num_heads
@@ -145,7 +152,9 @@ class PoolingResidualAttention(nn.Module):
         (see the class) select the factored path, which returns the factors to carry. ``handoff``: see the class.
         """
         B, H, W, _ = x.shape
-        q, k, v = self.qkv(x).reshape(B, H * W, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4)
+        # One copy into (3, B, heads, N, d): the score products then read q, k and v as they lie, where a batched
+        # matmul over the permuted projection copies its operands in every product once B > 1.
+        q, k, v = self.qkv(x).reshape(B, H * W, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4).contiguous()
         if isinstance(residual, ScoreFactors):
             x, factors = factored_attention(self, q, k, v, residual, alpha)
             if self.residual_pooling:
@@ -202,9 +211,9 @@ class PoolingResidualAttention(nn.Module):
         aligned = None
         keep = 1 - alpha
         if residual is not None:
-            gated = residual._replace(scores=ResidualGate.apply(residual.scores, keep))
+            gated = residual._replace(scores=ResidualGate.apply(residual.scores, keep, self.chunk_numel))
             aligned = self.align(gated, q_grid, kv_grid, self.num_heads)
-        return LeanScoreAttention.apply(q * self.scale, k, v, aligned, alpha, keep, *rel)
+        return LeanScoreAttention.apply(q * self.scale, k, v, aligned, alpha, keep, *rel, self.chunk_numel)
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         # Checkpoints trained at another resolution carry relative-position tables of another length.

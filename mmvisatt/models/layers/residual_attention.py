@@ -43,12 +43,22 @@ def align_by_slot(prev: WindowScores, grid: WindowGrid, batch: int, num_heads: i
     """The official ReSwin alignment: nearest resize over the flattened (window, head) slots of each image."""
     N = grid.window_area
     slots = prev.scores.reshape(batch, -1, N, N)
-    # The official code calls F.interpolate(size=...) on the scores; asking it for the source index of each slot
-    # once gives the identical selection as a gather, whose backward is far cheaper.
-    index = F.interpolate(torch.arange(slots.shape[1], dtype=torch.float64).view(1, 1, -1, 1, 1),
-                          size=(grid.num_windows * num_heads, 1, 1)).view(-1).long().to(slots.device)
-    aligned = slots.index_select(1, index)
+    aligned = slots.index_select(1, _slot_sources(slots.shape[1], grid.num_windows * num_heads, slots.device))
     return aligned.reshape(batch * grid.num_windows, num_heads, N, N), None
+
+
+@shape_cache(maxsize=8)
+def _slot_sources(num_prev: int, num_cur: int, device: torch.device) -> Tensor:
+    """The previous slot each of ``num_cur`` slots takes under nearest interpolation, made on ``device``.
+
+    The official code calls ``F.interpolate(size=...)`` on the scores, whose nearest source index is
+    ``floor(i * num_prev / num_cur)`` (equal to torch's for every pair of sizes up to 400 x 120, tested); here it
+    is integer tensor arithmetic, so the selection is a gather, whose backward is far cheaper, and the sizes stay
+    integers: under ``torch.compile`` with dynamic shapes a float of them would be a symbolic float, which
+    AOTAutograd fails to turn into a tensor once the padded window counts are in it. Cached per shape and device
+    like the window geometry, so a training step builds nothing on the host.
+    """
+    return torch.div(torch.arange(num_cur, device=device) * num_prev, num_cur, rounding_mode='floor')
 
 
 # Blocks of a stage alternate between two partitions and batches mostly repeat their padded size, so a few

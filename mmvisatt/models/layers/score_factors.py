@@ -7,7 +7,8 @@ weighted sum of the blocks' ``q k^T``: a product of concatenated weighted querie
 attend in row chunks from the factors alone (:class:`ChunkedAttention`, a flash-style backward from the row
 log-sum-exp), so no score-sized tensor is made or kept. Values equal the map path's to rounding.
 """
-from typing import Tuple, Union
+import contextlib
+from typing import Optional, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -22,19 +23,21 @@ class ChunkedAttention(torch.autograd.Function):
 
     The factored residual scores make q and k wider than v, which ``scaled_dot_product_attention``'s CPU flash
     kernel does not take (it falls back to materialising and saving the whole probability map); padding v instead
-    multiplies the ``@ v`` work by the same width. This is the flash-attention recurrence at 16 MiB row chunks:
-    the backward recomputes each chunk's probabilities from the log-sum-exp.
+    multiplies the ``@ v`` work by the same width. This is the flash-attention recurrence at row chunks of
+    ``budget`` score elements (None: the device's default, :func:`~.lean_scores.default_chunk_numel`): the backward
+    recomputes each chunk's probabilities from the log-sum-exp.
     """
 
     @staticmethod
-    def forward(ctx, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, budget: Optional[int] = None) -> Tensor:
         B, heads, Nq, _ = q.shape
         Nk = k.shape[-2]
+        budget = ctx.budget = lean_scores.chunk_numel(budget, q.device)
         acc = torch.promote_types(q.dtype, torch.float32)
         k_t = k.transpose(-2, -1)
         out = torch.empty(B, heads, Nq, v.shape[-1], dtype=v.dtype, device=v.device)
         lse = torch.empty(B, heads, Nq, 1, dtype=acc, device=q.device)
-        for a, b in lean_scores.row_chunks(Nq, B * heads * Nk):
+        for a, b in lean_scores.row_chunks(Nq, B * heads * Nk, ctx.budget):
             s = (q[:, :, a:b] @ k_t).to(acc)
             top = s.amax(-1, keepdim=True)
             p = s.sub_(top).exp_()
@@ -57,14 +60,14 @@ class ChunkedAttention(torch.autograd.Function):
         d_q = torch.empty(q.shape, dtype=acc, device=q.device)
         d_k = torch.zeros(k.shape, dtype=acc, device=k.device)
         d_v = torch.zeros(v.shape, dtype=acc, device=v.device)
-        for a, b in lean_scores.row_chunks(Nq, B * heads * Nk):
+        for a, b in lean_scores.row_chunks(Nq, B * heads * Nk, ctx.budget):
             p = (q[:, :, a:b] @ k_t).to(acc).sub_(lse[:, :, a:b]).exp_()
             d_o = d_out[:, :, a:b]
             d_v += p.to(v.dtype).transpose(-2, -1) @ d_o
             d_s = (d_o @ v_t).to(acc).sub_(delta[:, :, a:b]).mul_(p).to(q.dtype)
             d_q[:, :, a:b] = d_s @ k
             d_k += d_s.transpose(-2, -1) @ q[:, :, a:b]
-        return d_q.to(q.dtype), d_k.to(k.dtype), d_v.to(v.dtype)
+        return d_q.to(q.dtype), d_k.to(k.dtype), d_v.to(v.dtype), None
 
 
 def factored_attention(attn, q: Tensor, k: Tensor, v: Tensor, residual: ScoreFactors,
@@ -103,11 +106,15 @@ def factored_attention(attn, q: Tensor, k: Tensor, v: Tensor, residual: ScoreFac
     elif base is not None or fold:
         # A stored map to mix in, or this layer's scores to store: the lean score path, whose alpha is 1
         # (the queries carry their weights) and whose residual weight is the base's.
-        gated = None if base is None else ResidualGate.apply(base, base_keep)
-        out, scores = LeanScoreAttention.apply(q_cat, k_cat, v_in, gated, 1.0, base_keep, None, None)
+        gated = None if base is None else ResidualGate.apply(base, base_keep, attn.chunk_numel)
+        out, scores = LeanScoreAttention.apply(q_cat, k_cat, v_in, gated, 1.0, base_keep, None, None,
+                                               attn.chunk_numel)
         if fold:
             return out.to(v.dtype), ScoreFactors(base=scores, run=run)
     else:
-        with torch.autocast(q.device.type, enabled=False):
-            out = ChunkedAttention.apply(q_cat, k_cat, v_in)
+        # devices without autocast (the meta device) have none to turn off
+        off = (torch.autocast(q.device.type, enabled=False) if torch.amp.is_autocast_available(q.device.type)
+               else contextlib.nullcontext())
+        with off:
+            out = ChunkedAttention.apply(q_cat, k_cat, v_in, attn.chunk_numel)
     return out.to(v.dtype), ScoreFactors(queries + (q_s, ), keys + (k, ), base, run)

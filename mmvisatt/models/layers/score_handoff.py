@@ -76,14 +76,14 @@ def plan_handoff(q_grid: TokenGrid, kv_grid: TokenGrid, num_heads: int,
     return ScoreHandoff(mean_heads, q_grid.size, q_pool, kv_grid.size, kv_pool, out_q, _pooled_grid(kv_grid, kv_pool))
 
 
-def _handoff_row_chunks(handoff: ScoreHandoff, row_numel: int) -> List[Tuple[int, int, int]]:
-    """Token-row ranges of whole query-pooling windows (grid rows in multiples of ``q_pool[0]``), within the
-    :func:`lean_scores.row_chunks` budget; each with the first handed-on row it makes."""
+def _handoff_row_chunks(handoff: ScoreHandoff, row_numel: int, budget: int) -> List[Tuple[int, int, int]]:
+    """Token-row ranges of whole query-pooling windows (grid rows in multiples of ``q_pool[0]``), within
+    ``budget`` score elements (:func:`lean_scores.row_chunks`); each with the first handed-on row it makes."""
     (qh, qw), ph = handoff.q_size, handoff.q_pool[0]
     out_w = handoff.q_grid.width
     units = -(-qh // ph)
     chunks = []
-    for u0, u1 in lean_scores.row_chunks(units, row_numel * qw * ph):
+    for u0, u1 in lean_scores.row_chunks(units, row_numel * qw * ph, budget):
         r0, r1 = u0 * ph, min(u1 * ph, qh)
         chunks.append((r0 * qw, r1 * qw, u0 * out_w))
     return chunks
@@ -128,7 +128,8 @@ class HandoffScoreAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, handoff: ScoreHandoff, expand: Optional[Callable[[Tensor], Tensor]], q_s: Tensor, k: Tensor,
                 v: Tensor, prev: Optional[Tensor], alpha: Union[Tensor, float], keep: Union[Tensor, float],
-                rel_h: Optional[Tensor], rel_w: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+                rel_h: Optional[Tensor], rel_w: Optional[Tensor],
+                budget: Optional[int] = None) -> Tuple[Tensor, Tensor]:
         B, heads, Nq, _ = q_s.shape
         qw = handoff.q_size[1]
         ctx.device_type = q_s.device.type
@@ -136,7 +137,7 @@ class HandoffScoreAttention(torch.autograd.Function):
         ctx.autocast = torch.amp.is_autocast_available(ctx.device_type) and torch.is_autocast_enabled(ctx.device_type)
         ctx.autocast_dtype = torch.get_autocast_dtype(ctx.device_type) if ctx.autocast else None
         rel_h, rel_w = _flat_rows(rel_h), _flat_rows(rel_w)
-        chunks = _handoff_row_chunks(handoff, B * heads * k.shape[-2])
+        chunks = _handoff_row_chunks(handoff, B * heads * k.shape[-2], lean_scores.chunk_numel(budget, q_s.device))
         out = handed = None
         for a, b, c in chunks:
             part, rows = _handoff_chunk(q_s[:, :, a:b], k, v, _rows(prev, a, b), alpha, keep, _rows(rel_h, a, b),
@@ -195,7 +196,7 @@ class HandoffScoreAttention(torch.autograd.Function):
         d_rel_h, d_rel_w = (None if g is None else g.view(src.shape[:2] + (-1, qw, src.shape[-1]))
                             for g, src in ((grads['rel_h'], rel_h), (grads['rel_w'], rel_w)))
         return (None, None, grads['q_s'], shared['k'], shared['v'], grads['prev'], shared['alpha'], shared['keep'],
-                d_rel_h, d_rel_w)
+                d_rel_h, d_rel_w, None)
 
 
 def _key_regrid(src: TokenGrid, dst: TokenGrid) -> Callable[[Tensor], Tensor]:
@@ -228,4 +229,5 @@ def handoff_attention(attn, q: Tensor, k: Tensor, v: Tensor, residual: Optional[
                 expand = _key_regrid(residual.kv_grid, kv_grid)
         else:
             prev = attn.align(residual, q_grid, kv_grid, attn.num_heads)
-    return HandoffScoreAttention.apply(plan, expand, q * attn.scale, k, v, prev, alpha, 1 - alpha, *rel)
+    return HandoffScoreAttention.apply(plan, expand, q * attn.scale, k, v, prev, alpha, 1 - alpha, *rel,
+                                       attn.chunk_numel)

@@ -198,8 +198,8 @@ def grouped_attention_fused(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, group
 
     q, k, v: (B, N, C) raster-ordered (``k`` scaled), C = heads * d; bias: (heads, G, g, g). Returns (B, N, C).
     Gathering and permuting the tokens into (B * heads * G, g, d), as the reference path does, costs more than
-    the fused kernel itself on groups this short (docs/performance.md), and the kernel takes strided inputs; so
-    each run of :func:`group_runs` is handed to it as a view (:func:`_run_view`) and its output is written once.
+    the fused kernel itself on groups this short (docs/performance.md); so each run of :func:`group_runs` is read
+    as a view (:func:`_run_view`), handed to the kernel in one call for all images, and its output written once.
     Only EuSAd pads the sequence (a copy), because its last slots straddle the end. The padded keys of the
     reference path carry a bias of :data:`BIAS_FLOOR` (softmax weight exactly 0), so leaving them out changes no
     real query's result. Reshapes and slices (no ``as_strided``) keep it exportable to ONNX.
@@ -213,11 +213,14 @@ def grouped_attention_fused(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, group
     for run in group_runs(groups):
         # (groups, heads, length, length): the mask's batch axis is the group axis of the views
         mask = bias[:, run.first_group:run.first_group + run.num_groups, :run.length, :run.length].transpose(0, 1)
-        qs, ks, vs, outs = (_run_view(t, run, groups).unflatten(-1, (num_heads, d)) for t in (q, k, v, out))
-        for b in range(B):
-            result = F.scaled_dot_product_attention(qs[b].transpose(1, 2), ks[b].transpose(1, 2),
-                                                    vs[b].transpose(1, 2), attn_mask=mask, scale=1.0)
-            outs[b].copy_(result.transpose(1, 2))
+        # One call per run for the whole batch: images x groups are the kernel's batch axis. The fused kernels
+        # take four dimensions only (a fifth falls back to the materialising math path), so the views are
+        # reshaped (a copy where they do not merge) and the mask repeated over the images.
+        G, L = run.num_groups, run.length
+        qs, ks, vs = (_run_view(t, run, groups).reshape(B * G, L, num_heads, d).transpose(1, 2) for t in (q, k, v))
+        mask = mask.expand(B, *mask.shape).reshape(B * G, num_heads, L, L)
+        result = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, scale=1.0)
+        _run_view(out, run, groups).copy_(result.transpose(1, 2).reshape(B, G, L, C))
     return out[:, :N]
 
 
