@@ -171,9 +171,9 @@ def check_compile_memory_paths(cfg: Config) -> List[str]:
             warnings.append(
                 f"compile=True with model.backbone.{key}=True: the {path} is a row-chunked autograd function "
                 "that torch.compile does not trace, so the compiled blocks take the plain score path, which keeps "
-                "every block's whole score map for the backward. The training peak is then that of "
-                f"{key}=False (docs/performance.md, \"GPU readiness\", measures both). To keep the {path}'s "
-                'memory cut, train without compile (--cfg-options compile=False).')
+                f"every block's whole score map for the backward: expect the training peak of {key}=False "
+                f"(docs/performance.md, \"GPU readiness\"). To keep the {path}'s memory cut, train without "
+                'compile (--cfg-options compile=False).')
     for message in warnings:
         print_log(message, logger='current', level=30)
     return warnings
