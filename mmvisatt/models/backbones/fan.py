@@ -541,7 +541,7 @@ class FANBase(AttentionBackbone):
         """Crop an NCHW level to ceil(H / stride) x ceil(W / stride) and apply its output norm."""
         stride = self.strides[i]
         # integer ceil: a float of the sizes would be a symbolic float under torch.compile(dynamic=True)
-        x = x[..., :-(-height // stride), :-(-width // stride)]
+        x = x[..., :(height + stride - 1) // stride, :(width + stride - 1) // stride]
         if self.out_norms:
             x = getattr(self, f'norm{i}')(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
         return x.contiguous()

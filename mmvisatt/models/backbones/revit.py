@@ -418,7 +418,8 @@ class ReViT(AttentionBackbone):
             # ceil(H / stride) for stride = patch / scale, in integers: a float of the sizes would be a symbolic
             # float under torch.compile(dynamic=True)
             num, den = PYRAMID_SCALES[i].as_integer_ratio()
-            rows, cols = -(-H * num // (self.patch_size * den)), -(-W * num // (self.patch_size * den))
+            step = self.patch_size * den
+            rows, cols = (H * num + step - 1) // step, (W * num + step - 1) // step
             level = levels[i][..., :rows, :cols]
             outs.append(getattr(self, f'norm{i}')(level.permute(0, 2, 3, 1)).permute(0, 3, 1, 2).contiguous())
         return tuple(outs)

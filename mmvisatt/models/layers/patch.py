@@ -26,10 +26,11 @@ class PatchEmbed(nn.Module):
         """(B, C_in, H, W) -> (B, ceil(H/stride), ceil(W/stride), C)."""
         if self.pad_input:
             s = self.stride
-            # ceil-div rather than a modulo: under torch.compile(dynamic=True) a modulo in the padded size reaches
-            # the float scale of a later resize, which AOTAutograd cannot turn into a tensor
+            # ceil-div of positive sizes (ONNX's integer Div truncates) rather than a modulo: under
+            # torch.compile(dynamic=True) a modulo in the padded size reaches the float scale of a later resize,
+            # which AOTAutograd cannot turn into a tensor
             H, W = x.shape[-2:]
-            x = F.pad(x, (0, -(-W // s) * s - W, 0, -(-H // s) * s - H))
+            x = F.pad(x, (0, (W + s - 1) // s * s - W, 0, (H + s - 1) // s * s - H))
         # Without a norm (ViT, MViTv2) the permuted view would be the residual stream itself, and every add,
         # norm and projection after it would work across strides; one copy makes the tokens contiguous.
         return self.norm(self.proj(x).permute(0, 2, 3, 1).contiguous())
