@@ -27,6 +27,18 @@ def _share_the_cores() -> None:
 _share_the_cores()
 
 
+def _row_count_independent_gemm() -> None:
+    """The lean score paths' forward values are bit-identical to the plain composition only where a matrix
+    product's rows do not depend on how many rows it has. MKL's AVX2 / AVX-512 (FMA) kernels give the rows of a
+    3-row chunk other last bits than the same rows of the whole product (tests/test_score_memory.py's many-chunk
+    cases, 1 ulp in float64); its AVX kernels do not. Pinned before torch is imported; an MKL_CBWR set by the user
+    wins. Costs nothing measurable here (the suite's GEMMs are small; convolutions are oneDNN's)."""
+    os.environ.setdefault('MKL_CBWR', 'AVX')
+
+
+_row_count_independent_gemm()
+
+
 def pytest_configure(config):
     config.addinivalue_line('markers', 'slow: takes minutes (end-to-end training, several processes); '
                             'still part of the suite, deselect with -m "not slow" for a quick pass')

@@ -5,7 +5,9 @@ Softmax and ``@ v`` run in row chunks of :func:`row_chunks`, each at most a budg
 by default :func:`default_chunk_numel` of the device); the backward keeps only the carried scores and q, k, v and
 recomputes the softmax chunk by chunk. :class:`ResidualGate` gives the previous scores their
 share of the gradient through the (linear) alignment. Forward values are bit-identical to the plain composition
-(``PoolingResidualAttention(lean_scores=False)``); gradients equal up to summation order.
+(``PoolingResidualAttention(lean_scores=False)``) wherever a matrix product's rows do not depend on its row count
+(one chunk always; several with MKL's AVX kernels, 1 ulp apart with its FMA kernels); gradients equal up to
+summation order.
 """
 from typing import Optional, Tuple, Union
 
