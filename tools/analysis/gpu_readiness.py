@@ -12,6 +12,7 @@ attention layout with one block per stage (two for the plain ViTs), which leaves
 branch in place: the symbolic-shape tracing costs minutes per model here whatever the depth.
 """
 import argparse
+import ast
 import json
 from typing import List, Optional
 
@@ -46,7 +47,6 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
     parser.add_argument('--compile', action='store_true', help='also count compiled graphs (slow)')
     parser.add_argument('--json', metavar='FILE', help='write the rows as JSON')
     args = parser.parse_args(argv)
-    import ast
     kwargs = {k: ast.literal_eval(v) for k, v in (item.split('=', 1) for item in args.kwargs)}
     presets = T_PRESETS if not args.presets else [tuple(p.rsplit('-', 1)) for p in args.presets]
     rows = []

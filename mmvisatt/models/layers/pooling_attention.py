@@ -84,7 +84,8 @@ class PoolingResidualAttention(nn.Module):
             :data:`~mmvisatt.models.layers.residual_attention.POOLED_ALIGNERS`.
         lean_scores: the lean score path (:mod:`.lean_scores`, default; the backbones' ``fused_attn=True``) or the
             plain autograd composition of the same ops (False): the reference the lean path is tested against, and
-            what ``torch.compile`` traces. Forward values are bit-identical; gradients equal up to summation order.
+            what ``torch.compile`` traces. Forward values are bit-identical (where :mod:`.lean_scores` says);
+            gradients equal up to summation order.
         chunk_numel: score elements per row chunk of the lean, handoff and factor paths; None (default) takes the
             input device's default (:func:`~.lean_scores.default_chunk_numel`: small on a CPU, large elsewhere).
 

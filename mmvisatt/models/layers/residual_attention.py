@@ -52,7 +52,7 @@ def _slot_sources(num_prev: int, num_cur: int, device: torch.device) -> Tensor:
     """The previous slot each of ``num_cur`` slots takes under nearest interpolation, made on ``device``.
 
     The official code calls ``F.interpolate(size=...)`` on the scores, whose nearest source index is
-    ``floor(i * num_prev / num_cur)`` (equal to torch's for every pair of sizes up to 400 x 120, tested); here it
+    ``floor(i * num_prev / num_cur)`` (equal to torch 2.14's for every pair of sizes up to 400 x 120); here it
     is integer tensor arithmetic, so the selection is a gather, whose backward is far cheaper, and the sizes stay
     integers: under ``torch.compile`` with dynamic shapes a float of them would be a symbolic float, which
     AOTAutograd fails to turn into a tensor once the padded window counts are in it. Cached per shape and device
