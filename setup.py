@@ -63,7 +63,8 @@ setup(
     license='Apache-2.0',
     packages=find_packages(exclude=('configs', 'tools', 'tests', 'docs')),
     package_data={'mmvisatt': add_mim_extension()},
-    python_requires='>=3.8',
+    # torch 2.6, the lowest torch the code runs on (requirements/runtime.txt), needs Python 3.9
+    python_requires='>=3.9',
     install_requires=read_requirements('runtime.txt'),
     # what the models, configs and tools need is installed; the corruption benchmark and ONNX export are extras
     extras_require={

@@ -1,0 +1,171 @@
+"""What the set-up installs and builds on the machines users have (tools/setup_plan.py decides, setup_env.sh acts),
+and that installing this package into an environment that holds the stack changes none of it."""
+import importlib.util
+import json
+import os
+import os.path as osp
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+
+_spec = importlib.util.spec_from_file_location('setup_plan', osp.join(REPO, 'tools', 'setup_plan.py'))
+setup_plan = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(setup_plan)
+SETUP = osp.join(REPO, 'tools', 'setup_env.sh')
+
+
+def _probe(torch=None, cuda=None, gpus=(), mmcv=None, ops=None, **packages):
+    names = {name: None for name in setup_plan.PACKAGES}
+    names.update(torch=torch, torchvision=torch and '0.x', mmcv=mmcv, **packages)
+    return dict(python='3.11', prefix='/env', packages=names, torch_cuda=cuda, gpus=list(gpus), mmcv_ops=ops,
+                free_gb=100)
+
+
+def _plan(probe, tmp_path, env=None, **kwargs):
+    kwargs.setdefault('jobs', 16)
+    return setup_plan.make_plan(probe, env or {}, str(tmp_path / 'cache'), **kwargs)
+
+
+def _cache_wheel(tmp_path, key):
+    folder = tmp_path / 'cache' / 'wheels' / key
+    folder.mkdir(parents=True)
+    wheel = folder / 'mmcv-2.1.0-cp311-cp311-linux_x86_64.whl'
+    wheel.write_bytes(b'')
+    return str(wheel)
+
+
+def test_a_fresh_cpu_machine_gets_torch_and_mmcv_with_cpu_ops(tmp_path):
+    plan = _plan(_probe(), tmp_path, fresh=True)
+    assert plan.error is None
+    assert plan.vars['install_torch'] == '1'
+    # torch from PyPI is a CUDA build; without a GPU, nvcc or FORCE_CUDA the ops are the CPU's
+    assert plan.vars['mmcv'] == 'build' and plan.vars['force_cuda'] == '0' and plan.vars['arch_list'] == ''
+    assert plan.vars['mmcv_key'] == 'torch2.14.1-cpu' and plan.vars['max_jobs'] == '16'
+    assert plan.vars['dev_tools'] == '1'
+    text = plan.text()
+    assert 'create the virtual environment' in text and 'install torch 2.14.1 + torchvision 0.29.1' in text
+    assert 'CPU-only ops' in text and 'set FORCE_CUDA=1 with CUDA_HOME' in text
+
+
+def test_an_existing_cpu_torch_is_kept_and_mmcv_built_for_it(tmp_path):
+    plan = _plan(_probe(torch='2.7.1+cpu'), tmp_path)
+    assert 'install_torch' not in plan.vars
+    assert plan.vars['mmcv_key'] == 'torch2.7.1-cpu' and plan.vars['force_cuda'] == '0'
+    assert 'keep torch 2.7.1+cpu: installed (CUDA none: a CPU build)' in plan.text()
+    assert 'torch is a CPU-only build' in plan.text()
+
+
+def test_a_cuda_torch_with_force_cuda_and_no_gpu_builds_the_cuda_ops_for_the_default_archs(tmp_path):
+    probe = _probe(torch='2.7.1+cu128', cuda='12.8')
+    plan = _plan(probe, tmp_path, env={'FORCE_CUDA': '1', 'MAX_JOBS': '6'}, nvcc='/usr/local/cuda/bin/nvcc')
+    assert plan.error is None
+    assert plan.vars['mmcv'] == 'build' and plan.vars['force_cuda'] == '1' and plan.vars['max_jobs'] == '6'
+    assert plan.vars['arch_list'] == '7.0;7.5;8.0;8.6;8.9;9.0;10.0;12.0+PTX'
+    assert plan.vars['mmcv_key'] == 'torch2.7.1-cu128-sm70_75_80_86_89_90_100_120ptx'
+    assert 'no GPU visible: the default list' in plan.text()
+    # FORCE_CUDA=1 without a compiler: stop before the build, naming what is missing
+    plan = _plan(probe, tmp_path, env={'FORCE_CUDA': '1'})
+    assert 'need nvcc' in plan.error and 'CUDA_HOME' in plan.error and 'FORCE_CUDA=0' in plan.error
+
+
+def test_the_cuda_target_follows_nvcc_or_a_visible_gpu_and_the_arch_list_the_gpu():
+    # a login node: nvcc, no GPU; the user set-up builds the CUDA ops, the development set-up those of this machine
+    assert setup_plan._cuda_target(_probe(torch='2.7.1', cuda='12.8'), {}, '/opt/cuda/bin/nvcc', user=True)[0]
+    assert not setup_plan._cuda_target(_probe(torch='2.7.1', cuda='12.8'), {}, '/opt/cuda/bin/nvcc', user=False)[0]
+    assert setup_plan._cuda_target(_probe(torch='2.7.1', cuda='12.8', gpus=['9.0']), {}, None)[0]
+    assert not setup_plan._cuda_target(_probe(torch='2.7.1', cuda='12.8', gpus=['9.0']), {'FORCE_CUDA': '0'},
+                                       '/opt/cuda/bin/nvcc')[0]
+    assert not setup_plan._cuda_target(_probe(torch='2.7.1+cpu'), {'FORCE_CUDA': '1'}, '/opt/cuda/bin/nvcc')[0]
+    assert setup_plan._archs(_probe(cuda='12.8', gpus=['9.0']), {}) == (['9.0'], 'the visible GPUs')
+    assert setup_plan._archs(_probe(cuda='12.8'), {'TORCH_CUDA_ARCH_LIST': '8.0 9.0'})[0] == ['8.0', '9.0']
+    assert setup_plan.default_archs('11.8') == ['7.0', '7.5', '8.0', '8.6', '8.9', '9.0+PTX']
+    assert setup_plan.default_archs('13.0') == ['7.5', '8.0', '8.6', '8.9', '9.0', '10.0', '12.0+PTX']
+
+
+def test_an_already_cached_wheel_is_installed_instead_of_built(tmp_path):
+    wheel = _cache_wheel(tmp_path, 'torch2.14.1-cpu')
+    plan = _plan(_probe(torch='2.14.1'), tmp_path)
+    assert plan.vars['mmcv'] == 'cache' and plan.vars['mmcv_wheel'] == wheel
+    assert 'max_jobs' not in plan.vars
+    assert f'install mmcv 2.1.0 from the cached wheel {wheel}' in plan.text()
+
+
+def test_a_cached_cpu_build_is_never_installed_for_a_cuda_target(tmp_path):
+    _cache_wheel(tmp_path, 'torch2.7.1-cpu')
+    plan = _plan(_probe(torch='2.7.1', cuda='12.8', gpus=['8.0']), tmp_path, nvcc='/opt/cuda/bin/nvcc')
+    assert plan.vars['mmcv'] == 'build' and plan.vars['mmcv_key'] == 'torch2.7.1-cu128-sm80'
+    # a login node without a GPU: --user builds for the default architectures, with nvcc
+    plan = _plan(_probe(torch='2.7.1', cuda='12.8'), tmp_path, user=True, nvcc='/opt/cuda/bin/nvcc')
+    assert plan.vars['force_cuda'] == '1' and plan.vars['mmcv_key'].startswith('torch2.7.1-cu128-sm70_75_80')
+    # an installed mmcv with CPU-only ops is rebuilt for a CUDA target, and kept for a CPU one
+    plan = _plan(_probe(torch='2.7.1', cuda='12.8', gpus=['8.0'], mmcv='2.1.0', ops='cpu'), tmp_path,
+                 nvcc='/opt/cuda/bin/nvcc')
+    assert plan.vars['mmcv'] == 'build' and 'has CPU-only ops and the target is CUDA' in plan.text()
+    plan = _plan(_probe(torch='2.7.1+cpu', mmcv='2.1.0', ops='cpu'), tmp_path)
+    assert plan.vars['mmcv'] == 'keep'
+
+
+def test_an_installed_stack_is_kept_and_user_mode_installs_no_tools(tmp_path):
+    probe = _probe(torch='2.7.1', cuda='12.8', gpus=['9.0'], mmcv='2.1.0', ops='cuda', mmengine='0.10.7',
+                   mmdet='3.3.0', mmsegmentation='1.2.2', mmpretrain='1.2.0', timm='1.0.15',
+                   **{'onnxruntime-gpu': '1.22.0'})
+    plan = _plan(probe, tmp_path, user=True)
+    assert plan.vars['mmcv'] == 'keep' and plan.vars['dev_tools'] == '0'
+    assert 'all installed; pip keeps versions inside the ranges' in plan.text()
+    assert '--user: the runtime only' in plan.text()
+    # the development set-up leaves an installed onnxruntime-gpu unshadowed
+    assert _plan(probe, tmp_path).vars['skip_onnxruntime'] == '1'
+
+
+def test_an_mmcv_outside_the_task_libraries_range_is_replaced(tmp_path):
+    plan = _plan(_probe(torch='2.14.1', mmcv='2.2.0', ops='cpu'), tmp_path)
+    assert plan.vars['mmcv'] == 'build' and 'outside what mmdet 3.3' in plan.text()
+
+
+def test_too_little_disk_for_torch_stops_the_plan(tmp_path):
+    plan = _plan(dict(_probe(), free_gb=3), tmp_path)
+    assert plan.error.startswith('only 3 GB free on the disk of /env')
+
+
+def test_setup_plan_changes_nothing(tmp_path):
+    """``setup_env.sh --plan`` for an environment still to be created (nothing is created) and for this one."""
+    env = dict(os.environ, MMVISATT_VENV=str(tmp_path / 'venv'), MMVISATT_CACHE=str(tmp_path / 'cache'))
+    run = subprocess.run(['bash', SETUP, '--plan'], env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert 'create the virtual environment' in run.stdout and 'install torch 2.14.1' in run.stdout
+    assert 'build mmcv 2.1.0' in run.stdout and 'torch2.14.1-cpu' in run.stdout
+    assert not osp.exists(tmp_path / 'venv') and not osp.exists(tmp_path / 'cache')
+    env = dict(os.environ, MMVISATT_VENV=sys.prefix)
+    run = subprocess.run(['bash', SETUP, '--plan'], env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    from importlib.metadata import version
+    assert f"keep torch {version('torch')}" in run.stdout and f"keep mmcv {version('mmcv')}" in run.stdout
+    assert 'install the test and lint tools' in run.stdout
+    run = subprocess.run(['bash', SETUP, '--plan', '--user'], env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0 and '--user: the runtime only' in run.stdout, run.stderr
+
+
+def test_installing_the_package_into_the_stack_replaces_nothing():
+    """``pip install -e .[mim]`` into an environment that holds torch, mmcv and the task libraries: pip's
+    resolution (a dry run, offline) installs this package and nothing else."""
+    run = subprocess.run([sys.executable, '-m', 'pip', 'install', '--dry-run', '--no-index', '--no-build-isolation',
+                          '--disable-pip-version-check', '--quiet', '--report', '-', '-e', f'{REPO}[mim]'],
+                         capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert run.returncode == 0, run.stderr[-3000:]
+    report = json.loads(run.stdout)
+    assert [item['metadata']['name'] for item in report['install']] == ['mmvisatt']
+    requires = report['install'][0]['metadata']['requires_dist']
+    for needed in ('torch>=2.6', 'mmengine<1.0.0,>=0.10.0', 'mmcv<2.2.0,>=2.0.0', 'timm>=1.0'):
+        assert any(r.replace(' ', '').startswith(needed) for r in requires), (needed, requires)
+    # test tools only in the tests extra
+    assert all('extra ==' in r for r in requires if r.split()[0].split('[')[0] in ('pytest', 'flake8', 'onnxruntime'))
+
+
+@pytest.mark.parametrize('name', ['mminstall.txt', 'runtime.txt'])
+def test_requirements_are_ranges(name):
+    with open(osp.join(REPO, 'requirements', name)) as f:
+        lines = [line.split('#')[0].strip() for line in f]
+    assert not [line for line in lines if '==' in line]
