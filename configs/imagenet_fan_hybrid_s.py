@@ -31,8 +31,7 @@ param_scheduler = [
 ]
 auto_scale_lr = dict(base_batch_size=_base_.preset.cls.batch_size)
 val_dataloader = dict(dataset=dict(pipeline=[
-    dict(type='LoadImageFromFile'),
-    dict(type='CheckImageIntegrity'),
+    dict(type='LoadCheckedImageFromFile'),
     dict(type='ResizeEdge', scale=_base_.preset.cls.test_resize, edge='short', backend='pillow',
          interpolation='bicubic'),
     dict(type='CenterCrop', crop_size=224),

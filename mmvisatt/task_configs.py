@@ -80,8 +80,7 @@ param_scheduler = [
 ]
 auto_scale_lr = dict(base_batch_size=_base_.preset.{entry}.batch_size)
 val_dataloader = dict(dataset=dict(pipeline=[
-    dict(type='LoadImageFromFile'),
-    dict(type='CheckImageIntegrity'),
+    dict(type='LoadCheckedImageFromFile'),
     dict(type='ResizeEdge', scale=_base_.preset.{entry}.test_resize, edge='short', backend='pillow',
          interpolation='bicubic'),
     dict(type='CenterCrop', crop_size=224),
@@ -329,7 +328,7 @@ def recipes_page(config_dir: str) -> str:
     lines += ['## Paper against released code', '',
               'Where a paper and the code its authors released disagree, the configs follow the code whose weights '
               'were released (those weights are where users start), and this table says so. The papers\' texts '
-              'are the source documents in `shared/seeds/` (the project\'s reference notes for RMT paper v5); '
+              'are cited by arXiv number and section (RMT: arXiv 2309.11523 v5); '
               '`tests/test_seed_facts.py` pins the paper values.', '',
               '| model | setting | the paper | the released code | our configs | why |', '|' + ' --- |' * 6]
     lines += [f'| {r.model} | {r.setting} | {r.paper} | {r.code} | {r.config} | {r.why} |' for r in PAPER_VS_CODE]

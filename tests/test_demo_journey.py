@@ -10,6 +10,7 @@ from mmengine.config import Config
 from mmengine.registry import MODELS, DefaultScope
 
 from conftest import CONFIGS, REPO
+from mmvisatt.checkpoint import load_checkpoint_file
 from mmvisatt.datasets import DEMO_COCO_CLASSES
 from mmvisatt.engine import prepare_train, to_demo_config, train_main
 from mmvisatt.engine.demo import CLASSIFICATION_DEMO
@@ -63,7 +64,7 @@ def test_stage_one_checkpoint_initialises_stage_two(tiny_cls_config, tiny_det_co
                 'val_dataloader.dataset.indices=4', 'visualizer.name=journey_stage1'])
     checkpoint = stage1 / 'iter_2.pth'
     assert checkpoint.is_file()
-    saved = torch.load(checkpoint, map_location='cpu', weights_only=True)['state_dict']
+    saved = load_checkpoint_file(checkpoint)['state_dict']
     assert saved['head.fc.weight'].shape[0] == len(DEMO_COCO_CLASSES)
 
     cfg = prepare_train([tiny_det_config, '--demo', '--work-dir', str(tmp_path / 'stage2'), '--cfg-options',

@@ -44,12 +44,12 @@ def test_inference_config_drops_pretrained_and_annotations():
     cfg = inference_config(MASK_3X)
     assert cfg.model.backbone.init_cfg is None  # checkpoints/reswin_tiny_...pth need not exist for inference
     assert cfg.model.roi_head.bbox_head.num_classes == 80
-    assert [t.type for t in cfg.test_dataloader.dataset.pipeline] == ['LoadImageFromFile', 'CheckImageIntegrity',
-                                                                      'Resize', 'PackDetInputs']
+    # the inferencers look for mmcv's loader to put theirs in its place
+    assert [t.type for t in cfg.test_dataloader.dataset.pipeline] == ['LoadImageFromFile', 'Resize', 'PackDetInputs']
     assert 'vis_backends' not in cfg.visualizer
     demo = inference_config(MASK_3X, demo=True, cfg_options={'model.test_cfg.rcnn.max_per_img': 7})
     assert demo.model.roi_head.bbox_head.num_classes == demo.model.roi_head.mask_head.num_classes == 3
-    assert demo.test_dataloader.dataset.pipeline[2].scale == (DemoSettings.img_size, DemoSettings.img_size)
+    assert demo.test_dataloader.dataset.pipeline[1].scale == (DemoSettings.img_size, DemoSettings.img_size)
     assert demo.model.test_cfg.rcnn.max_per_img == 7
     with pytest.raises(InferenceError, match="default_scope='mmdet'"):
         inference_config(osp.join(CONFIGS, 'imagenet_reswin_t.py'))

@@ -126,7 +126,7 @@ def test_demo_pictures_of_a_segmentor_show_ground_truth_and_prediction(tmp_path)
     from mmengine.registry import init_default_scope
     from mmseg.registry import DATASETS, MODELS, VISUALIZERS
 
-    import mmvisatt.datasets.transforms  # noqa: F401  (CheckImageIntegrity)
+    import mmvisatt.datasets.transforms  # noqa: F401  (LoadCheckedImageFromFile)
     import mmvisatt.models  # noqa: F401
     from conftest import CONFIGS
     from mmvisatt.engine import DemoSettings, to_demo_config

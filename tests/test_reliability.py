@@ -22,6 +22,7 @@ from mmengine.registry import MODELS
 
 import mmvisatt.models  # noqa: F401  (registers the backbones)
 from conftest import CONFIGS, REPO
+from mmvisatt.checkpoint import load_checkpoint_file
 from mmvisatt.engine import entrypoints, preflight
 from mmvisatt.engine.guards import NonFiniteLossError
 from mmvisatt.engine.preflight import (AnnotationError, ConfigKeyError, CorruptCheckpointError,
@@ -119,7 +120,7 @@ def _run(config: str, work_dir, options, procs: int = 1, extra=(), expect_kill: 
 
 
 def _ckpt(path) -> dict:
-    return torch.load(str(path), map_location='cpu', weights_only=True)
+    return load_checkpoint_file(str(path))
 
 
 def _assert_bitwise_equal(a: dict, b: dict) -> None:
@@ -634,22 +635,24 @@ def _encode(img: np.ndarray, fmt: str, **pil_options) -> bytes:
 
 
 def test_truncated_images_are_refused(tiny_configs, tmp_path):
-    from mmvisatt.datasets.transforms import CheckImageIntegrity
+    from mmvisatt.datasets.transforms import LoadCheckedImageFromFile, image_truncation
     img = np.random.default_rng(0).integers(0, 256, (60, 80, 3), dtype=np.uint8)
     files = {'baseline.jpg': _encode(img, 'JPEG'), 'progressive.jpg': _encode(img, 'JPEG', progressive=True),
              'gray.jpg': _encode(img[..., 0], 'JPEG'), 'image.png': _encode(img, 'PNG')}
     files['padded.jpg'] = files['baseline.jpg'] + b'\0' * 100 + b'appended by a camera'
-    check = CheckImageIntegrity()
+    load = LoadCheckedImageFromFile()
     for name, data in list(files.items()):
         (tmp_path / name).write_bytes(data)
-        assert check(dict(img_path=str(tmp_path / name))) is not None  # complete files pass
+        loaded = load(dict(img_path=str(tmp_path / name)))  # complete files load, as with mmcv's loader
+        assert loaded['img'].shape == (60, 80, 3) and loaded['ori_shape'] == (60, 80)
+        assert image_truncation(str(tmp_path / name)) is None
         cut = tmp_path / f'cut_{name}'
         cut.write_bytes(data[:len(data) * 3 // 4])
         with pytest.raises(CorruptImageError, match=rf'{cut} is truncated: .*Replace it'):
-            check(dict(img_path=str(cut)))
+            load(dict(img_path=str(cut)))
+        assert image_truncation(str(cut)) is not None  # the diagnosis of the train/test/infer commands
     # a decoder that returns the part that is there: nothing but the check would stop this image
     assert cv2.imread(str(tmp_path / 'cut_baseline.jpg')).shape == (60, 80, 3)
-    assert check(dict(img=img)) is not None  # arrays (inferencers) have no file to check
 
     # end to end, through a dataloader worker: the demo training images as JPEGs, cut short (OpenCV 5's imdecode
     # refuses them, earlier builds decode them partially: either way the error says the file is truncated)
@@ -722,7 +725,7 @@ def test_misspelled_cfg_options_list_close_matches(tiny_det_config, tmp_path):
         entrypoints.prepare_train(args + ['train_cfg.max_iter=3', 'model.backbon.drop_path_rate=0'])
     message = str(error.value)
     assert 'did you mean train_cfg.max_iters?' in message and 'did you mean model.backbone?' in message
-    with pytest.raises(ConfigKeyError, match='has only 6 entries'):
+    with pytest.raises(ConfigKeyError, match='has only 5 entries'):  # the checked loader is one step
         entrypoints.prepare_train(args + ['train_dataloader.dataset.pipeline.7.prob=0'])
     # new keys without a near namesake are fine
     cfg = entrypoints.prepare_train(args + ['default_hooks.trace.type=TrainingTraceHook', 'train_cfg.max_iters=3'])

@@ -8,6 +8,7 @@ import pytest
 import torch
 from mmengine.logging import HistoryBuffer
 
+from mmvisatt.checkpoint import UnsafeCheckpointError, load_checkpoint_file
 from mmvisatt.engine import entrypoints
 from mmvisatt.engine.entrypoints import train_main
 
@@ -46,14 +47,14 @@ def trained(tiny_det_config, tmp_path_factory):
 
 
 def test_checkpoint_loads_with_weights_only(trained):
-    ckpt = torch.load(osp.join(trained, 'iter_4.pth'), map_location='cpu', weights_only=True)
+    ckpt = load_checkpoint_file(osp.join(trained, 'iter_4.pth'))  # torch.load(weights_only=True) + stand-ins
     assert ckpt['meta']['iter'] == 4
     buffers = ckpt['message_hub']['log_scalars']
     assert buffers and all(isinstance(b, HistoryBuffer) for b in buffers.values())
     assert ckpt['meta']['dataset_meta']['classes'] == ('square', 'circle', 'triangle')
 
 
-def test_weights_only_still_refuses_other_globals():
+def test_weights_only_still_refuses_other_globals(tmp_path):
     class Smuggled:
         def __reduce__(self):
             return getattr, (HistoryBuffer, '__init__')
@@ -61,8 +62,10 @@ def test_weights_only_still_refuses_other_globals():
     buffer = io.BytesIO()
     torch.save({'x': Smuggled()}, buffer)
     buffer.seek(0)
-    with pytest.raises(Exception, match='only public methods of HistoryBuffer'):
-        torch.load(buffer, weights_only=True)
+    path = tmp_path / 'smuggled.pth'
+    path.write_bytes(buffer.getvalue())
+    with pytest.raises(UnsafeCheckpointError, match='only public methods of HistoryBuffer'):
+        load_checkpoint_file(str(path))
 
 
 def test_auto_resume_continues_from_latest(trained, tiny_det_config):
@@ -86,7 +89,7 @@ def test_load_from_takes_weights_only(trained, tiny_det_config, tmp_path):
     runner = train_main([tiny_det_config, '--demo', '--work-dir', str(tmp_path), '--cfg-options',
                          f'load_from={ckpt}', 'train_cfg.max_iters=0', *NO_VAL])
     assert runner.iter == 0  # weights, not the training state
-    saved = torch.load(ckpt, map_location='cpu')['state_dict']
+    saved = load_checkpoint_file(ckpt)['state_dict']
     model = runner.model.state_dict()
     assert saved.keys() == model.keys()
     assert all(torch.equal(saved[k], model[k]) for k in saved)

@@ -2,7 +2,7 @@
 default_scope = 'mmdet'
 # mmvisatt.models.dense_heads: SyncAvgRetinaHead (RetinaNet's head with its normaliser averaged over processes)
 # mmvisatt.models registers the backbones only; the runtime also needs mmvisatt.engine (hooks, checkpoint
-# loading under torch >= 2.6, CPU SyncBN) and mmvisatt.datasets.transforms (CheckImageIntegrity)
+# loading under torch >= 2.6, CPU SyncBN) and mmvisatt.datasets.transforms (LoadCheckedImageFromFile)
 custom_imports = dict(
     imports=['mmvisatt.models', 'mmvisatt.models.dense_heads', 'mmvisatt.engine', 'mmvisatt.datasets.transforms'],
     allow_failed_imports=False)

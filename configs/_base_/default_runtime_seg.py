@@ -1,7 +1,7 @@
 # Runtime shared by the semantic segmentation configs (mmseg 1.x conventions).
 default_scope = 'mmseg'
 # mmvisatt.models registers the backbones only; the runtime also needs mmvisatt.engine (hooks, checkpoint
-# loading under torch >= 2.6, CPU SyncBN) and mmvisatt.datasets.transforms (CheckImageIntegrity)
+# loading under torch >= 2.6, CPU SyncBN) and mmvisatt.datasets.transforms (LoadCheckedImageFromFile)
 custom_imports = dict(
     imports=['mmvisatt.models', 'mmvisatt.engine', 'mmvisatt.datasets.transforms'],
     allow_failed_imports=False)

@@ -73,6 +73,9 @@ def collect_images(inputs: Union[str, Sequence[str]]) -> List[str]:
             if not path.lower().endswith(IMAGE_EXTENSIONS):
                 raise InferenceError(f'{path} is not an image file (expected one of {", ".join(IMAGE_EXTENSIONS)})')
             images.append(path)
+        elif '://' in path:
+            raise InferenceError(f'{path} is a URL: tools/infer.py reads local files only. Download the image first '
+                                 f'(curl -LO {path}, or wget {path}) and pass the file.')
         else:
             raise FileNotFoundError(f'image or folder not found: {path}')
     if not images:
@@ -116,6 +119,8 @@ def inference_config(config: Union[str, Config], demo: bool = False,
     ``demo``: the checkpoint was trained with ``tools/train.py CONFIG --demo`` (the demo's classes, image size and
     test settings). ``cfg_options`` apply after it, as in ``tools/train.py``. ``Pretrained`` initialisations are
     dropped and annotation loading is taken out of the test pipeline (images to predict have no annotations).
+    The checked image loader becomes mmcv's ``LoadImageFromFile``, which the inferencers look for to put their own
+    loader in its place (:class:`Predictor` checks each image file itself).
     """
     if isinstance(config, str):
         if not osp.isfile(config):
@@ -140,7 +145,11 @@ def inference_config(config: Union[str, Config], demo: bool = False,
     pipeline = (cfg.get('test_dataloader') or {}).get('dataset', {}).get('pipeline')
     if not pipeline:
         raise InferenceError('the config has no test_dataloader.dataset.pipeline to prepare images with')
-    cfg.test_dataloader.dataset.pipeline = [t for t in pipeline if not str(t['type']).endswith('LoadAnnotations')]
+    pipeline = [t for t in pipeline if not str(t['type']).endswith('LoadAnnotations')]
+    for step in pipeline:
+        if str(step['type']).split('.')[-1] == 'LoadCheckedImageFromFile':
+            step['type'] = 'LoadImageFromFile'
+    cfg.test_dataloader.dataset.pipeline = pipeline
     return cfg
 
 

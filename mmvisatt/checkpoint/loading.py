@@ -17,7 +17,7 @@ import torch
 from mmengine.logging import print_log
 from mmengine.runner.checkpoint import CheckpointLoader
 
-from .safe_load import load_checkpoint_file
+from .safe_load import download_checkpoint, load_checkpoint_file
 
 StateDict = Dict[str, torch.Tensor]
 # A family's key map: foreign (official / timm / mmdet) keys -> mm-style keys ('backbone.*', 'head.fc.*') and the
@@ -112,22 +112,22 @@ def not_a_checkpoint(path: str, head: Optional[bytes] = None) -> Optional[str]:
 
 
 def read_checkpoint(path: str, map_location: str = 'cpu') -> dict:
-    """Read a local file or URL; a missing local file or one that is no checkpoint gets an error that says how to
-    provide it."""
-    is_url = '://' in path
-    if not is_url:
-        path = osp.expanduser(path)
-    if not is_url and not osp.isfile(path):
+    """Read a local file, or an ``http(s)://`` URL downloaded once into torch's hub cache; a missing local file or
+    one that is no checkpoint gets an error that says how to provide it."""
+    if path.startswith(('http://', 'https://')):
+        path = download_checkpoint(path)
+    elif '://' in path:  # another mmengine scheme (s3://, pavi://, ...): mmengine's loader for it
+        return CheckpointLoader.load_checkpoint(path, map_location=map_location)
+    path = osp.expanduser(path)
+    if not osp.isfile(path):
         raise FileNotFoundError(
             f"Checkpoint '{path}' does not exist (working directory: {os.getcwd()}). Download the official "
-            f"ImageNet checkpoint listed in the README ('Pretrained checkpoints') to that path, or pass another "
-            f"one with --cfg-options model.backbone.init_cfg.checkpoint=PATH.")
-    if not is_url:
-        problem = not_a_checkpoint(path)
-        if problem:
-            raise NotACheckpointError(f'Checkpoint {path} is {problem}.')
-        return load_checkpoint_file(path, map_location)
-    return CheckpointLoader.load_checkpoint(path, map_location=map_location)
+            f"ImageNet checkpoint listed in docs/weights.md to that path, or pass another one with --cfg-options "
+            f"model.backbone.init_cfg.checkpoint=PATH.")
+    problem = not_a_checkpoint(path)
+    if problem:
+        raise NotACheckpointError(f'Checkpoint {path} is {problem}.')
+    return load_checkpoint_file(path, map_location)
 
 
 def unwrap_state_dict(checkpoint: Mapping) -> StateDict:

@@ -15,20 +15,27 @@ carry beside their tensors is read that way:
   one refers to (``getattr`` restricted to them): what mmengine 0.10.7 training checkpoints hold.
 
 Anything else is refused with :class:`UnsafeCheckpointError`: the file, the global it names, that nothing was
-executed, and what to do. :func:`load_checkpoint_file` is registered as mmengine's loader for local files, so
-``init_cfg``, ``load_from``, ``--resume``, ``tools/test.py`` and every tool that goes through mmengine read with it.
+executed, and what to do. The stand-ins are allowed only while this module loads (torch's ``safe_globals``
+context): torch's process-wide allowlist, which other libraries in the process read too, is left as it was.
+:func:`register_mmengine_loader` makes :func:`load_checkpoint_file` mmengine's loader for local files; importing
+:mod:`mmvisatt.engine` (every config's ``custom_imports``) calls it, so ``init_cfg``, ``load_from``, ``--resume``,
+``tools/test.py`` and every tool that goes through mmengine read with it.
 """
 import collections
+import contextlib
 import functools
+import os
 import os.path as osp
 import pickle
 import re
+import urllib.parse
 from types import FunctionType
-from typing import Any, Callable, List, Tuple, Union
+from typing import Any, Callable, Iterator, List, Optional, Tuple, Union
 
 import numpy as np
 import torch
-from mmengine.logging import HistoryBuffer
+from mmengine.dist import get_dist_info
+from mmengine.logging import HistoryBuffer, print_log
 from mmengine.runner.checkpoint import CheckpointLoader
 
 SafeGlobal = Union[Callable, Tuple[Callable, str]]
@@ -109,9 +116,13 @@ def checkpoint_globals() -> Tuple[SafeGlobal, ...]:
     return tuple(stand_ins + [HistoryBuffer, (history_buffer_method, 'builtins.getattr')] + _numpy_globals())
 
 
-def register_safe_globals() -> None:
-    """Allowlist :func:`checkpoint_globals` for ``torch.load(weights_only=True)``; idempotent."""
-    torch.serialization.add_safe_globals(list(checkpoint_globals()))
+@contextlib.contextmanager
+def allowing_stand_ins() -> Iterator[None]:
+    """Allowlist :func:`checkpoint_globals` for ``torch.load(weights_only=True)`` inside the block only; what was
+    allowlisted before (by anyone) stays allowlisted after it."""
+    before = set(torch.serialization.get_safe_globals())
+    with torch.serialization.safe_globals([g for g in checkpoint_globals() if g not in before]):
+        yield
 
 
 def _refused_name(message: str) -> str:
@@ -137,15 +148,39 @@ def load_checkpoint_file(path: str, map_location: Any = 'cpu', mmap: bool = Fals
     """``torch.load(path, weights_only=True)`` with the stand-ins above; a file that holds more than data raises
     :class:`UnsafeCheckpointError` naming the file and the global. ``~`` is expanded."""
     path = osp.expanduser(path)
-    register_safe_globals()
     try:
-        return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
+        with allowing_stand_ins():
+            return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as error:
         raise UnsafeCheckpointError(unsafe_message(path, str(error))) from None
     except RuntimeError as error:
         if mmap and 'mmap' in str(error):  # a legacy (non-zip) file cannot be memory-mapped
             return load_checkpoint_file(path, map_location)
         raise
+
+
+def download_checkpoint(url: str, model_dir: Optional[str] = None) -> str:
+    """The local copy of the checkpoint at ``url``, downloaded on first use into torch's hub cache
+    (``$TORCH_HOME/hub/checkpoints``, where mmengine and timm keep theirs) under the URL's file name. In a distributed
+    run rank 0 downloads first and the others wait for it, then use its copy (or, on other nodes, download their
+    own)."""
+    model_dir = model_dir or osp.join(torch.hub.get_dir(), 'checkpoints')
+    cached = osp.join(model_dir, osp.basename(urllib.parse.urlparse(url).path) or 'checkpoint.pth')
+
+    def fetch() -> None:
+        if not osp.isfile(cached):
+            os.makedirs(model_dir, exist_ok=True)
+            print_log(f'Downloading {url} to {cached}', logger='current')
+            torch.hub.download_url_to_file(url, cached, progress=False)  # writes a temporary file, then renames
+
+    rank, world_size = get_dist_info()
+    if rank == 0:
+        fetch()
+    if world_size > 1:
+        torch.distributed.barrier()
+        if rank > 0:
+            fetch()
+    return cached
 
 
 def _mmengine_local_loader(filename: str, map_location: Any = None) -> Any:
@@ -155,11 +190,20 @@ def _mmengine_local_loader(filename: str, map_location: Any = None) -> Any:
     return load_checkpoint_file(filename, map_location)
 
 
+def _mmengine_url_loader(filename: str, map_location: Any = None) -> Any:
+    return load_checkpoint_file(download_checkpoint(filename), map_location)
+
+
 def register_mmengine_loader() -> None:
-    """Make :func:`load_checkpoint_file` mmengine's loader for local paths (``load_from``, ``--resume``,
-    ``init_cfg`` of mm backbones, ``tools/test.py``)."""
+    """Make :func:`load_checkpoint_file` mmengine's loader for local paths and ``http(s)://`` URLs (``load_from``,
+    ``--resume``, ``init_cfg`` of mm backbones, ``tools/test.py``); mmengine's own URL loader (torch.hub's) would
+    unpickle the download without the weights-only restriction. Called by ``import mmvisatt.engine``, which the
+    configs name in ``custom_imports``; ``import mmvisatt.models`` or ``mmvisatt.checkpoint`` leaves mmengine as it
+    is."""
     CheckpointLoader.register_scheme(prefixes='', loader=_mmengine_local_loader, force=True)
+    CheckpointLoader.register_scheme(prefixes=('http://', 'https://'), loader=_mmengine_url_loader, force=True)
 
 
-__all__ = ['UnsafeCheckpointError', 'PickledRecord', 'checkpoint_globals', 'register_safe_globals',
-           'load_checkpoint_file', 'register_mmengine_loader', 'unsafe_message', 'history_buffer_method']
+__all__ = ['UnsafeCheckpointError', 'PickledRecord', 'checkpoint_globals', 'allowing_stand_ins',
+           'load_checkpoint_file', 'download_checkpoint', 'register_mmengine_loader', 'unsafe_message',
+           'history_buffer_method']

@@ -3,8 +3,11 @@ what makes training reliable (atomic checkpoints, exact resume also inside epoch
 SyncBN; see docs/reliability.md).
 
 Importing this package (every runtime config's ``custom_imports`` does) registers the hooks in mmengine's root
-registry; checkpoints are read by :mod:`mmvisatt.checkpoint.safe_load` (tensors and plain data only).
+registry and makes :mod:`mmvisatt.checkpoint.safe_load` mmengine's checkpoint loader for local files and
+``http(s)://`` URLs (tensors and plain data only), for the whole process.
 """
+from mmvisatt.checkpoint import register_mmengine_loader
+
 from .demo import DemoSettings, to_demo_config
 from .entrypoints import (parse_test_args, parse_train_args, prepare_test, prepare_train, test_main,
                           train_main)
@@ -15,6 +18,8 @@ from .mid_epoch import MidEpochResumeError, ResumableBatchSampler, ResumableEpoc
 from .optimizers import LayerDecayOptimWrapperConstructor  # noqa: F401  (registers it in the root registry)
 from .reliability import AtomicCheckpointHook, ExactResumeHook, FaultInjectionHook, find_resumable_checkpoint
 from .sync_bn import CPUSyncBatchNorm
+
+register_mmengine_loader()
 
 __all__ = [
     'DemoSettings', 'to_demo_config', 'parse_train_args', 'parse_test_args', 'prepare_train', 'prepare_test',

@@ -163,16 +163,14 @@ def _detection_data(cfg: Config, settings: DemoSettings) -> None:
             cfg.model.test_cfg[key].max_per_img = value
     scale = (settings.img_size, settings.img_size)
     train_pipeline = [
-        dict(type='LoadImageFromFile'),
-        dict(type='CheckImageIntegrity'),
+        dict(type='LoadCheckedImageFromFile'),
         dict(type='LoadAnnotations', with_bbox=True, with_mask=with_mask),
         dict(type='Resize', scale=scale, keep_ratio=True),
         dict(type='RandomFlip', prob=0.5),
         dict(type='PackDetInputs'),
     ]
     test_pipeline = [
-        dict(type='LoadImageFromFile'),
-        dict(type='CheckImageIntegrity'),
+        dict(type='LoadCheckedImageFromFile'),
         dict(type='Resize', scale=scale, keep_ratio=True),
         dict(type='LoadAnnotations', with_bbox=True, with_mask=with_mask),
         dict(type='PackDetInputs', meta_keys=('img_id', 'img_path', 'ori_shape', 'img_shape', 'scale_factor')),
@@ -204,16 +202,14 @@ def _segmentation_data(cfg: Config, settings: DemoSettings) -> None:
     if cfg.model.get('data_preprocessor', {}).get('size') is not None:
         cfg.model.data_preprocessor.size = scale
     train_pipeline = [
-        dict(type='LoadImageFromFile'),
-        dict(type='CheckImageIntegrity'),
+        dict(type='LoadCheckedImageFromFile'),
         dict(type='LoadAnnotations'),
         dict(type='Resize', scale=scale, keep_ratio=True),
         dict(type='RandomFlip', prob=0.5),
         dict(type='PackSegInputs'),
     ]
     test_pipeline = [
-        dict(type='LoadImageFromFile'),
-        dict(type='CheckImageIntegrity'),
+        dict(type='LoadCheckedImageFromFile'),
         dict(type='Resize', scale=scale, keep_ratio=True),
         dict(type='LoadAnnotations'),
         dict(type='PackSegInputs'),
@@ -247,15 +243,13 @@ def _classification_data(cfg: Config, settings: DemoSettings) -> None:
         cfg.model.train_cfg.augments = None
     size = settings.img_size
     train_pipeline = [
-        dict(type='LoadImageFromFile'),
-        dict(type='CheckImageIntegrity'),
+        dict(type='LoadCheckedImageFromFile'),
         dict(type='Resize', scale=(size, size)),
         dict(type='RandomFlip', prob=0.5, direction='horizontal'),
         dict(type='PackInputs'),
     ]
     test_pipeline = [
-        dict(type='LoadImageFromFile'),
-        dict(type='CheckImageIntegrity'),
+        dict(type='LoadCheckedImageFromFile'),
         dict(type='ResizeEdge', scale=size, edge='short'),
         dict(type='PackInputs'),
     ]

@@ -25,6 +25,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 from mmengine.config import Config
 from mmengine.logging import print_log
 
+from mmvisatt.datasets.transforms import IMAGE_LOADERS
 from mmvisatt.engine.entrypoints import build_runner, import_task_library, prepare_test, setup_distributed
 
 from .corruptions import CORRUPTION_GROUPS, CORRUPTIONS, SEVERITIES, check_corruption
@@ -54,7 +55,7 @@ def _pipelines(dataset: Any) -> Iterable[list]:
 
 def _is_loader(step: Any) -> bool:
     return isinstance(step, dict) and isinstance(step.get('type'), str) and \
-        step['type'].split('.')[-1] == 'LoadImageFromFile'
+        step['type'].split('.')[-1] in IMAGE_LOADERS
 
 
 def insert_corruption(cfg: Config, corruption: str, severity: int, seed: Optional[int] = 0) -> int:

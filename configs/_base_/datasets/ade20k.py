@@ -5,8 +5,7 @@ dataset_type = 'ADE20KDataset'
 data_root = 'data/ade/ADEChallengeData2016'
 crop_size = (512, 512)
 train_pipeline = [
-    dict(type='LoadImageFromFile'),
-    dict(type='CheckImageIntegrity'),
+    dict(type='LoadCheckedImageFromFile'),
     dict(type='LoadAnnotations', reduce_zero_label=True),
     dict(type='RandomResize', scale=(2048, 512), ratio_range=(0.5, 2.0), keep_ratio=True),
     dict(type='RandomCrop', crop_size=crop_size, cat_max_ratio=0.75),
@@ -15,8 +14,7 @@ train_pipeline = [
     dict(type='PackSegInputs')
 ]
 test_pipeline = [
-    dict(type='LoadImageFromFile'),
-    dict(type='CheckImageIntegrity'),
+    dict(type='LoadCheckedImageFromFile'),
     dict(type='Resize', scale=(2048, 512), keep_ratio=True),
     # after Resize: the metric compares with the label map at its original size
     dict(type='LoadAnnotations', reduce_zero_label=True),
@@ -24,8 +22,7 @@ test_pipeline = [
 ]
 img_ratios = [0.5, 0.75, 1.0, 1.25, 1.5, 1.75]
 tta_pipeline = [
-    dict(type='LoadImageFromFile'),
-    dict(type='CheckImageIntegrity'),
+    dict(type='LoadCheckedImageFromFile'),
     dict(
         type='TestTimeAug',
         transforms=[[dict(type='Resize', scale_factor=r, keep_ratio=True) for r in img_ratios],

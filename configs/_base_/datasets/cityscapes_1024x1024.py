@@ -7,8 +7,7 @@ dataset_type = 'CityscapesDataset'
 data_root = 'data/cityscapes'
 crop_size = (1024, 1024)
 train_pipeline = [
-    dict(type='LoadImageFromFile'),
-    dict(type='CheckImageIntegrity'),
+    dict(type='LoadCheckedImageFromFile'),
     dict(type='LoadAnnotations'),
     dict(type='RandomResize', scale=(2048, 1024), ratio_range=(0.5, 2.0), keep_ratio=True),
     dict(type='RandomCrop', crop_size=crop_size, cat_max_ratio=0.75),
@@ -17,8 +16,7 @@ train_pipeline = [
     dict(type='PackSegInputs')
 ]
 test_pipeline = [
-    dict(type='LoadImageFromFile'),
-    dict(type='CheckImageIntegrity'),
+    dict(type='LoadCheckedImageFromFile'),
     dict(type='Resize', scale=(2048, 1024), keep_ratio=True),
     # after Resize: the metric compares with the label map at its original size
     dict(type='LoadAnnotations'),

@@ -6,8 +6,7 @@ _base_ = './coco_instance.py'
 multi_scales = [(480, 1333), (512, 1333), (544, 1333), (576, 1333), (608, 1333), (640, 1333), (672, 1333),
                 (704, 1333), (736, 1333), (768, 1333), (800, 1333)]
 train_pipeline = [
-    dict(type='LoadImageFromFile', backend_args={{_base_.backend_args}}),
-    dict(type='CheckImageIntegrity', backend_args={{_base_.backend_args}}),
+    dict(type='LoadCheckedImageFromFile', backend_args={{_base_.backend_args}}),
     dict(type='LoadAnnotations', with_bbox=True, with_mask=True),
     dict(type='RandomFlip', prob=0.5),
     dict(

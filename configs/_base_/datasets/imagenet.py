@@ -12,8 +12,7 @@ bgr_mean = data_preprocessor['mean'][::-1]
 bgr_std = data_preprocessor['std'][::-1]
 
 train_pipeline = [
-    dict(type='LoadImageFromFile'),
-    dict(type='CheckImageIntegrity'),
+    dict(type='LoadCheckedImageFromFile'),
     dict(type='RandomResizedCrop', scale=224, backend='pillow', interpolation='bicubic'),
     dict(type='RandomFlip', prob=0.5, direction='horizontal'),
     dict(type='RandAugment', policies='timm_increasing', num_policies=2, total_level=10, magnitude_level=9,
@@ -24,8 +23,7 @@ train_pipeline = [
 ]
 # 224 / 256 = 0.875 centre crop; a task config changes `scale` where the official evaluation used another ratio
 test_pipeline = [
-    dict(type='LoadImageFromFile'),
-    dict(type='CheckImageIntegrity'),
+    dict(type='LoadCheckedImageFromFile'),
     dict(type='ResizeEdge', scale=256, edge='short', backend='pillow', interpolation='bicubic'),
     dict(type='CenterCrop', crop_size=224),
     dict(type='PackInputs'),
