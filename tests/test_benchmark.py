@@ -412,14 +412,22 @@ def test_allocator_option_reexecutes_with_the_setting(allocator, tmp_path):
 @pytest.mark.slow
 def test_gpu_check_script_runs_on_the_cpu(tmp_path):
     """``tools/gpu_check.sh run --device cpu --quick``: every step runs (the CUDA tests skip with their reason) and
-    leaves its results, the suite's twelve models and targets among them."""
+    leaves its results: the Mask R-CNN training and its check, the dense configs' steps, the suite's twelve models
+    and targets."""
     env = dict(os.environ, OUT=str(tmp_path), GPU_CHECK_PYTHON=sys.executable)
     proc = subprocess.run(['bash', osp.join(ROOT, 'tools', 'gpu_check.sh'), 'run', '--device', 'cpu', '--quick'],
                           env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         'benchmark.json', 'benchmark.log', 'benchmark.md', 'cuda_tests.log', 'cuda_tests.xml', 'decay_attention.json',
-        'env.txt']
+        'dense_steps.json', 'env.txt', 'train', 'train.log', 'train_check.json']
+    check = json.loads((tmp_path / 'train_check.json').read_text())
+    assert check['iterations'] == 4 and check['non_finite'] == []
+    steps = json.loads((tmp_path / 'dense_steps.json').read_text())
+    assert sorted(row['config'] for row in steps) == [
+        'cascade_mask_rcnn_reswin_t_3x.py', 'fpn_reswin_t_80k_ade20k.py', 'mask_rcnn_reswin_t_1x.py',
+        'mask_rcnn_reswin_t_3x.py', 'retinanet_reswin_t_1x.py', 'upernet_reswin_t_160k_ade20k.py']
+    assert all(row['seconds_per_iter'] > 0 and 'error' not in row for row in steps), steps
     assert 'torch' in (tmp_path / 'env.txt').read_text()
     tests_log = (tmp_path / 'cuda_tests.log').read_text()
     assert re.search(r'\d+ skipped', tests_log) and 'needs a CUDA GPU' in tests_log and 'failed' not in tests_log

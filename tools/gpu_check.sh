@@ -1,27 +1,31 @@
 #!/usr/bin/env bash
-# The GPU checks in one command: the CUDA tests (pytest -m cuda) and the T-preset benchmark, results in one folder.
+# The GPU checks in one command: what users run, on one GPU, within a time budget, results in one folder.
 #
-#   bash tools/gpu_check.sh wheels [DIR]   on a machine with the project's set-up and pip access: the packages a
-#                                           GPU image with torch, timm and opencv but no OpenMMLab lacks, as wheels
-#                                           in DIR (default .whl): mmengine 0.10.7, mmcv 2.1.0 built without its ops
-#                                           (MMCV_WITH_OPS=0: pure Python, enough for the backbones) and their small
-#                                           pure-Python dependencies
-#   bash tools/gpu_check.sh run [--device cpu] [--quick]
-#                                           on the GPU machine, from the repository root: installs the wheels of
-#                                           .whl (if any) into /tmp/site with pip --no-index, then runs
-#                                           pytest tests/test_cuda.py -m cuda,
-#                                           tools/analysis/benchmark.py --suite t-presets (1333x800, batch 2, bf16)
-#                                           and tools/analysis/decay_attention.py (the same setting);
-#                                           everything is written to $OUT (where set) or work_dirs/gpu_check:
-#                                           env.txt, cuda_tests.log, cuda_tests.xml, benchmark.json, benchmark.md,
-#                                           benchmark.log, decay_attention.json (RMT/EVT decay mask + SDPA
-#                                           against FlexAttention). --device cpu runs the same steps on the CPU
-#                                           (the CUDA tests skip, the benchmarks run at 224x320 in float32 without
-#                                           memory passes, flex uncompiled) to check the script itself; --quick
-#                                           benchmarks fewer passes (on the CPU: one, at 64x96).
+#   bash tools/gpu_check.sh wheels [DIR]   here, with pip access: what a GPU image with torch, timm, OpenCV and
+#                                           pytest lacks, into DIR (default .whl): the mmcv 2.1.0 sdist (built with
+#                                           its CUDA ops on the GPU machine), wheels of mmengine 0.10.7, mmdet 3.3.0,
+#                                           mmsegmentation 1.2.2 and their dependencies for CPython 3.12 x86-64
+#   bash tools/gpu_check.sh run [--device cpu] [--quick] [--budget SECONDS]
+#                                           on the GPU machine, from the repository root, in this order, each step
+#                                           limited so that all of them end within the budget (default 540 s):
+#     1. mmcv with its CUDA ops: built from .whl/mmcv-2.1.0.tar.gz for the visible GPU's architecture with
+#        MAX_JOBS = cores into .gpu_build/ (ignored by git; a next call on the same machine reuses the wheel),
+#        the build time printed; skipped where an mmcv with CUDA ops imports
+#     2. the CUDA tests: pytest tests/test_cuda.py -m cuda
+#     3. Mask R-CNN + ReSwin-T (configs/mask_rcnn_reswin_t_3x.py --demo) trained for 200 iterations with its AMP,
+#        then tools/analysis/train_check.py: loss fell, no non-finite loss, max_memory_allocated, iterations/s
+#     4. one training step of every dense config of the T presets at its recipe's training size and per-GPU batch
+#        (tools/analysis/config_memory.py --per-gpu-step): max_memory_allocated and the time per iteration
+#     5. the T-preset backbone benchmark beside timm's Swin-T (tools/analysis/benchmark.py --suite t-presets)
+#     6. where time is left, RMT/EVT's decay mask + SDPA against FlexAttention (tools/analysis/decay_attention.py)
+#   Everything goes to $OUT (where set) or work_dirs/gpu_check: env.txt, mmcv_build.log, cuda_tests.log/.xml,
+#   train.log, train_check.json, dense_steps.json, benchmark.json/.md/.log, decay_attention.json.
+#   --device cpu rehearses every step on the CPU (no build; the CUDA tests skip; 20 iterations; the dense steps at
+#   128x128 for two presets; the benchmarks at 224x320) to check the script itself; --quick shortens either run
+#   (GPU: 50 iterations, the dense steps of two presets, fewer benchmark passes; CPU: 4 iterations, one preset at
+#   64x64, one pass at 64x96).
 #
-# GPU_CHECK_PYTHON picks the interpreter (default: python3). docs/benchmarks.md ("On a GPU") has the whole
-# procedure and the measured table.
+# GPU_CHECK_PYTHON picks the interpreter (default: python3). docs/benchmarks.md ("On a GPU") has the procedure.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 py=${GPU_CHECK_PYTHON:-python3}
@@ -32,75 +36,127 @@ wheels() {
   local dir=${1:-.whl}
   local pip=("$py" -m pip --disable-pip-version-check)
   mkdir -p "$dir"
-  dir=$(cd "$dir" && pwd)
-  local build
-  build=$(mktemp -d)
-  trap 'rm -rf "$build"' RETURN
-  # pure-Python wheels, so any interpreter and platform takes them
-  "${pip[@]}" download -q --no-deps --only-binary=:all: -d "$dir" mmengine==0.10.7 addict termcolor yapf platformdirs
-  "${pip[@]}" download -q --no-deps --no-binary :all: --no-build-isolation mmcv==2.1.0 -d "$build"
-  tar -xzf "$build"/mmcv-2.1.0.tar.gz -C "$build"
-  (cd "$build/mmcv-2.1.0" && MMCV_WITH_OPS=0 "${pip[@]}" wheel -q --no-deps --no-build-isolation . -w "$dir")
+  local target=(--only-binary=:all: --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64
+                --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform any)
+  # what mmengine, mmdet and mmsegmentation import beyond the GPU image (torch, timm, numpy, scipy, matplotlib,
+  # OpenCV, pyyaml, rich, tqdm, pytest are there)
+  "${pip[@]}" download -q --no-deps "${target[@]}" -d "$dir" mmengine==0.10.7 mmdet==3.3.0 mmsegmentation==1.2.2 \
+    addict yapf termcolor platformdirs terminaltables pycocotools shapely ftfy wcwidth regex prettytable
+  "${pip[@]}" download -q --no-deps --no-binary :all: --no-build-isolation mmcv==2.1.0 -d "$dir"
   ls -l "$dir"
   du -sh "$dir"
 }
 
+# the seconds left of the budget, at most $1
+left() {
+  local remaining=$((deadline - SECONDS))
+  [ "$remaining" -lt "$1" ] && echo "$remaining" || echo "$1"
+}
+
+build_mmcv() {
+  local out=$1 sdist=.whl/mmcv-2.1.0.tar.gz build=.gpu_build
+  if "$py" -c 'from mmcv.ops import get_compiling_cuda_version as v; import sys; sys.exit(v() in ("", "not available"))' \
+      2>/dev/null; then
+    echo "mmcv with CUDA ops is installed: no build" | tee "$out/mmcv_build.log"
+    return 0
+  fi
+  local whl
+  whl=$(ls "$build"/wheels/mmcv-2.1.0-*.whl 2>/dev/null | head -n1 || true)
+  if [ -z "$whl" ]; then
+    [ -f "$sdist" ] || { echo "no $sdist: run 'bash tools/gpu_check.sh wheels' first" >&2; return 1; }
+    local arch jobs start=$SECONDS
+    arch=$("$py" -c 'import torch; print("%d.%d" % torch.cuda.get_device_capability())')
+    jobs=$(nproc)
+    rm -rf "$build/src"
+    mkdir -p "$build/src" "$build/wheels"
+    tar -xzf "$sdist" -C "$build/src"
+    # torch >= 2.14 headers refuse anything older than C++20
+    sed -i 's/-std=c++17/-std=c++20/g' "$build/src/mmcv-2.1.0/setup.py"
+    echo "building mmcv 2.1.0 with CUDA ops for $arch, MAX_JOBS=$jobs" | tee "$out/mmcv_build.log"
+    # the CUDA libraries' headers of torch's pip wheels, for a toolkit installed without them
+    local includes
+    includes=$("$py" -c 'import sys; sys.path.insert(0, "tools"); import setup_plan; print(":".join(setup_plan.nvidia_include_dirs()))')
+    (cd "$build/src/mmcv-2.1.0" && CPATH=$includes${CPATH:+:$CPATH} FORCE_CUDA=1 MMCV_WITH_OPS=1 \
+      TORCH_CUDA_ARCH_LIST=$arch MAX_JOBS=$jobs \
+      timeout "$(left 420)" "$py" -m pip wheel -q --no-deps --no-build-isolation . -w "$PWD/../../wheels") \
+      >>"$out/mmcv_build.log" 2>&1 || { tail -20 "$out/mmcv_build.log"; return 1; }
+    echo "mmcv built in $((SECONDS - start)) s" | tee -a "$out/mmcv_build.log"
+    whl=$(ls "$build"/wheels/mmcv-2.1.0-*.whl | head -n1)
+  fi
+  "$py" -m pip install -q --no-index --no-deps --no-cache-dir --upgrade --target /tmp/site "$whl"
+}
+
 run() {
-  local device=cuda quick=0
+  local device=cuda quick=0 budget=540
   while [ $# -gt 0 ]; do
     case $1 in
       --device) device=$2; shift 2 ;;
       --quick) quick=1; shift ;;
+      --budget) budget=$2; shift 2 ;;
       *) echo "gpu_check.sh run: unknown argument $1" >&2; exit 2 ;;
     esac
   done
+  deadline=$((SECONDS + budget))
   local out=${OUT:-work_dirs/gpu_check}
   mkdir -p "$out"
   if compgen -G '.whl/*.whl' >/dev/null; then
     "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-    export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
   fi
-  export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+  export PYTHONPATH=$PWD:/tmp/site${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
   {
     date -u
     if command -v nvidia-smi >/dev/null; then nvidia-smi; else echo 'nvidia-smi: not available'; fi
-    "$py" -c 'import sys, torch, timm, mmengine, mmcv
+    "$py" -c 'import sys, torch, timm, mmengine
 print("python", sys.version.split()[0], "| torch", torch.__version__, "cuda", torch.version.cuda,
-      "| timm", timm.__version__, "| mmengine", mmengine.__version__, "| mmcv", mmcv.__version__)
+      "| timm", timm.__version__, "| mmengine", mmengine.__version__)
 print("gpu:", torch.cuda.get_device_name() if torch.cuda.is_available() else "none visible")'
   } >"$out/env.txt" 2>&1
   cat "$out/env.txt"
 
-  # each step has its own limit, so that the whole run ends within 8 minutes whatever one of them does
   local status=0
-  # the CUDA tests first: a failure there is the news, so the benchmark runs whatever they say
-  # a --basetemp of its own: pytest otherwise prunes the numbered temporary folders of other pytest sessions
-  timeout 180 "$py" -m pytest tests/test_cuda.py -m cuda -p no:cacheprovider -q -rs --durations=15 \
-    --basetemp "$(mktemp -d)" --junitxml "$out/cuda_tests.xml" 2>&1 | tee "$out/cuda_tests.log" || status=$?
-
-  local bench=(--suite t-presets --device "$device" --out "$out/benchmark.json" --markdown "$out/benchmark.md")
-  # on the CPU a smaller input, no memory passes (each is a subprocess there); --quick: the least that runs it all
-  local cpu_shape=(224 320) passes=(--warmup 1 --repeats 3)
-  [ "$quick" = 1 ] && cpu_shape=(64 96) passes=(--warmup 0 --repeats 1)
-  if [ "$device" = cpu ]; then
-    bench+=(--shape "${cpu_shape[@]}" --batch-size 1 --dtype float32 --measure inference train "${passes[@]}")
-  else
-    bench+=(--shape 800 1333 --batch-size 2 --dtype bf16)
-    [ "$quick" = 1 ] && bench+=(--warmup 2 --repeats 10 --memory-steps 1)
+  if [ "$device" != cpu ]; then
+    build_mmcv "$out" || { echo "gpu_check: the mmcv build failed; the detector steps cannot run" >&2; status=1; }
   fi
-  timeout 150 "$py" tools/analysis/benchmark.py "${bench[@]}" 2>&1 | tee "$out/benchmark.log" || status=$?
 
+  # a --basetemp of its own: pytest otherwise prunes the numbered temporary folders of other pytest sessions
+  timeout "$(left 150)" "$py" -m pytest tests/test_cuda.py -m cuda -p no:cacheprovider -q -rs --durations=10 \
+    --basetemp "$(mktemp -d)" --junitxml "$out/cuda_tests.xml" 2>&1 | tee "$out/cuda_tests.log" || status=1
+
+  local iters=200 val_images=50 steps=3 presets=(reswin_t remvit_t revit_b rmt_t evt_t evt_swin_t fan_vit_t fan_hybrid_t fan_swin_t shunted_t)
+  local dense=() bench=(--suite t-presets --device "$device" --out "$out/benchmark.json" --markdown "$out/benchmark.md")
   local decay=(--device "$device" --out "$out/decay_attention.json")
   if [ "$device" = cpu ]; then
-    decay+=(--shape "${cpu_shape[@]}" --batch-size 1 --dtype float32 --no-compile "${passes[@]}")
+    iters=20 presets=(reswin_t rmt_t) dense=(--shape 128 128)
+    local shape=(224 320) passes=(--warmup 1 --repeats 3)
+    val_images=4 steps=1
+    [ "$quick" = 1 ] && iters=4 presets=(reswin_t) dense=(--shape 64 64) shape=(64 96) passes=(--warmup 0 --repeats 1)
+    bench+=(--shape "${shape[@]}" --batch-size 1 --dtype float32 --measure inference train "${passes[@]}")
+    decay+=(--shape "${shape[@]}" --batch-size 1 --dtype float32 --no-compile "${passes[@]}")
+  else
+    bench+=(--shape 800 1333 --batch-size 2 --dtype bf16)
+    [ "$quick" = 1 ] && iters=50 presets=(reswin_t rmt_t) bench+=(--warmup 2 --repeats 10 --memory-steps 1)
   fi
-  timeout 120 "$py" tools/analysis/decay_attention.py "${decay[@]}" 2>&1 || status=$?
-  echo "gpu_check: results in $out (exit status $status)"
+
+  # the demo keeps the recipe's AMP on a GPU (float32 on the CPU); evaluated before and after on val_images
+  timeout "$(left 150)" "$py" tools/train.py configs/mask_rcnn_reswin_t_3x.py --demo --work-dir "$out/train" \
+    --cfg-options "train_cfg.max_iters=$iters" "val_dataloader.dataset.indices=$val_images" \
+    default_hooks.logger.interval=2 >"$out/train.log" 2>&1 || { tail -20 "$out/train.log"; status=1; }
+  # on the CPU a few iterations check the script; whether the loss falls is the GPU run's question
+  "$py" tools/analysis/train_check.py "$out/train" --window 4 --out "$out/train_check.json" ||
+    [ "$device" = cpu ] || status=1
+
+  timeout "$(left 150)" "$py" tools/analysis/config_memory.py --all --presets "${presets[@]}" --per-gpu-step \
+    --device "$device" --steps "$steps" "${dense[@]}" --out "$out/dense_steps.json" 2>&1 | tail -n 100 || status=1
+
+  timeout "$(left 120)" "$py" tools/analysis/benchmark.py "${bench[@]}" 2>&1 | tee "$out/benchmark.log" || status=1
+  # RMT/EVT's decay mask + SDPA against FlexAttention, where time is left
+  timeout "$(left 90)" "$py" tools/analysis/decay_attention.py "${decay[@]}" 2>&1 || status=1
+  echo "gpu_check: results in $out (exit status $status, $SECONDS s)"
   return "$status"
 }
 
 case ${1:-} in
   wheels) shift; wheels "$@" ;;
   run) shift; run "$@" ;;
-  *) sed -n '2,26p' "$0"; exit 2 ;;
+  *) sed -n '2,30p' "$0"; exit 2 ;;
 esac

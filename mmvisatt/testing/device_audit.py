@@ -12,17 +12,22 @@ itself. :class:`StepAudit`, a ``TorchDispatchMode`` over the step, adds the two 
 :func:`count_compiles` runs a step under ``torch.compile`` with dynamic shapes at several input sizes (on the
 meta device too: a tracing backend needs no values) and counts the graphs compiled, so recompiles show.
 
+:class:`LiveBytes` counts the bytes of the tensors alive over a step and their peak: what CUDA's caching allocator
+reports as ``max_memory_allocated``, measured on any device (``tools/analysis/config_memory.py``).
+
 ``tests/test_gpu_readiness.py`` and ``tools/analysis/gpu_readiness.py`` (the table in docs/performance.md) both
 read :func:`audit_training_step`.
 """
+import weakref
 from collections import Counter
-from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
 from mmengine.registry import MODELS
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
+from torch.utils.weak import WeakIdKeyDictionary
 
 import mmvisatt.models  # noqa: F401  (registers the backbones)
 
@@ -50,6 +55,42 @@ class StepAudit(TorchDispatchMode):
     @property
     def total(self) -> int:
         return sum(self.ops.values())
+
+
+class LiveBytes(TorchDispatchMode):
+    """The bytes of the tensors alive (``live``) and their most at once (``peak``) while it is active: each storage
+    an op makes counts from its creation to its release, once however many views it has. Tensors made before
+    (weights, the batch) count once :meth:`add` is given them. What CUDA's caching allocator reports as allocated,
+    without its rounding to 512-byte blocks, and without the workspaces kernels allocate inside an op."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.live = self.peak = 0
+        self._sizes: WeakIdKeyDictionary = WeakIdKeyDictionary()
+
+    def add(self, tensors: Iterable) -> None:
+        for t in tree_leaves(tensors):
+            if not isinstance(t, torch.Tensor):
+                continue
+            storage = t.untyped_storage()
+            if storage in self._sizes:
+                continue
+            nbytes = storage.nbytes()
+            self._sizes[storage] = nbytes
+            self.live += nbytes
+            self.peak = max(self.peak, self.live)
+            weakref.finalize(storage, self._release, nbytes)
+
+    def _release(self, nbytes: int) -> None:
+        self.live -= nbytes
+
+    def reset_peak(self) -> None:
+        self.peak = self.live
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.add(out)
+        return out
 
 
 class StepReport(NamedTuple):
@@ -115,4 +156,4 @@ def count_compiles(model: nn.Module, sizes: Sequence[Tuple[int, int]], batch: in
         torch._dynamo.reset()
 
 
-__all__ = ['StepAudit', 'StepReport', 'audit_training_step', 'build_on_device', 'count_compiles']
+__all__ = ['LiveBytes', 'StepAudit', 'StepReport', 'audit_training_step', 'build_on_device', 'count_compiles']
