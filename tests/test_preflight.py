@@ -148,9 +148,25 @@ def test_crowd_only_and_degenerate_boxes(tmp_path):
     _coco_folder(tmp_path, anns=[_ann(1, bbox=(4, 4, 0, 8)), _ann(2, bbox=(100, 100, 5, 5))])
     with pytest.raises(AnnotationError, match=r'\(0 are crowd regions, 2 have zero area or lie outside'):
         check_dataset_contents(_det_cfg(tmp_path), 'mmdet')
-    _coco_folder(tmp_path, anns=[_ann(1), _ann(2, image=2, bbox=(70, 4, 5, 5))])
+    # a few dropped boxes are a warning; past the documented share (a fifth) training does not start
+    _coco_folder(tmp_path, anns=[_ann(i) for i in range(1, 10)] + [_ann(10, image=2, bbox=(70, 4, 5, 5))])
     warnings = check_dataset_contents(_det_cfg(tmp_path), 'mmdet')
-    assert any('1 of 2 annotations have zero area or lie outside their image (e.g. id 2)' in w for w in warnings)
+    assert any('1 of 10 annotations have zero area or lie outside their image (e.g. id 10)' in w for w in warnings)
+    _coco_folder(tmp_path, anns=[_ann(1), _ann(2, image=2, bbox=(70, 4, 5, 5))])
+    with pytest.raises(AnnotationError, match=r'1 of 2 annotations have zero area or lie outside their image '
+                                              r'\(e.g. id 2\), more than 20%: .*\[x1, y1, x2, y2\]'):
+        check_dataset_contents(_det_cfg(tmp_path), 'mmdet')
+
+
+def test_annotations_of_images_not_in_the_file_are_named_as_such(tmp_path):
+    _coco_folder(tmp_path, anns=[_ann(i) for i in range(1, 10)] + [_ann(10, image=7)])
+    warnings = check_dataset_contents(_det_cfg(tmp_path), 'mmdet')
+    assert any('1 of 10 annotations name an image_id that is not among the file\'s images (e.g. annotation 10 '
+               'names image 7)' in w for w in warnings), warnings
+    assert not any('zero area' in w for w in warnings)
+    _coco_folder(tmp_path, anns=[_ann(1), _ann(2, image=7), _ann(3, image=8)])
+    with pytest.raises(AnnotationError, match=r'2 of 3 annotations name an image_id that is not among'):
+        check_dataset_contents(_det_cfg(tmp_path), 'mmdet')
 
 
 def test_polygons_under_three_points(tmp_path):

@@ -106,10 +106,48 @@ def find_config_syntax_error(path: str, _seen: Optional[set] = None) -> Optional
     return None
 
 
+def _base_files(path: str) -> List[str]:
+    """The ``_base_`` entries written in the config file ``path`` (as written, not resolved)."""
+    import ast
+    try:
+        tree = ast.parse(open(path).read())
+    except (OSError, SyntaxError):
+        return []
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, 'id', None) == '_base_' for t in node.targets):
+            try:
+                value = ast.literal_eval(node.value)
+            except ValueError:
+                return []
+            return [value] if isinstance(value, str) else [v for v in value if isinstance(v, str)]
+    return []
+
+
+def _explain_missing_base(path: str, error: FileNotFoundError) -> Exception:
+    """A ``_base_`` file that mmengine cannot find: mmengine reports the path it joined to the config's folder,
+    which the user never wrote. Name the entry as written, and the fix when it exists relative to the working
+    directory."""
+    if not osp.isfile(path):
+        return error
+    folder = osp.dirname(osp.abspath(path))
+    for base in _base_files(path):
+        if osp.isabs(base) or osp.isfile(osp.join(folder, base)):
+            continue
+        hint = ''
+        if osp.isfile(base):
+            hint = (f' It exists relative to the working directory ({os.getcwd()}), but _base_ paths are relative to '
+                    f"the config file's own folder: write {osp.relpath(osp.abspath(base), folder)!r}.")
+        return ConfigFileError(f'{path}: its _base_ {base!r} is not a file (looked for {osp.join(folder, base)}).'
+                               f'{hint}')
+    return error
+
+
 def load_config_file(path: str) -> Config:
     """``Config.fromfile`` whose syntax errors name the file and line, in the config or any ``_base_`` file."""
     try:
         return Config.fromfile(path)
+    except FileNotFoundError as error:
+        raise _explain_missing_base(path, error) from None
     except SyntaxError as error:
         where = find_config_syntax_error(path)
         if where is None:
@@ -252,6 +290,13 @@ def setup_distributed(cfg: Config) -> None:
     ``device_ids=None``, and SyncBN, which has no CPU kernel, becomes :class:`~.sync_bn.CPUSyncBatchNorm` (the same
     statistics over all processes, through gloo).
     """
+    if cfg.get('launcher') == 'pytorch' and not torch.distributed.is_initialized():
+        absent = [name for name in ('RANK', 'WORLD_SIZE', 'MASTER_ADDR', 'MASTER_PORT') if name not in os.environ]
+        if absent:
+            raise ValueError(
+                f'--launcher pytorch needs the process variables torchrun sets ({", ".join(absent)} missing): start '
+                f'the job with bash tools/dist_train.sh CONFIG GPUS (or torchrun --nproc_per_node GPUS '
+                f'tools/train.py CONFIG --launcher pytorch); for one process, drop --launcher.')
     env_cfg = cfg.setdefault('env_cfg', ConfigDict())
     dist_cfg = env_cfg.setdefault('dist_cfg', ConfigDict())
     init_timeout = float(dist_cfg.pop('init_timeout', INIT_TIMEOUT_S))

@@ -1210,6 +1210,19 @@ def apply_allocator(name: str, from_command_line: bool) -> None:
     os.execve(sys.executable, [sys.executable, *sys.argv], env)
 
 
+def check_writable(option: str, path: str) -> None:
+    """Refuse an output path that cannot be written before anything is measured: a folder where the file should be,
+    or a file where one of its folders should be."""
+    path = osp.abspath(path)
+    if osp.isdir(path):
+        raise BenchmarkError(f'{option} {path} is a folder; name a file in it, e.g. {osp.join(path, "bench.json")}.')
+    folder = osp.dirname(path)
+    while folder and not osp.exists(folder):
+        folder = osp.dirname(folder)
+    if folder and not osp.isdir(folder):
+        raise BenchmarkError(f'{option} {path}: {folder} is a file, not a folder; pick another path for the report.')
+
+
 def main(argv: Optional[Sequence[str]] = None) -> dict:
     """Parse the command line, benchmark, print the table and write ``--out``; returns the report."""
     args = build_parser().parse_args(argv)
@@ -1220,6 +1233,9 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
         raise BenchmarkError('--backbone-only needs a CONFIG file.')
     if args.suite and args.arch:
         raise BenchmarkError('--suite names its models with their archs; drop --arch.')
+    for option, path in (('--out', args.out), ('--markdown', args.markdown)):
+        if path:
+            check_writable(option, path)
     common = dict(options=dict(args.backbone_options), cfg_options=dict(args.cfg_options),
                   config_dir=args.config_dir)
     if args.config:

@@ -22,10 +22,10 @@ from mmengine.config import Config
 from .checkpoints import (CorruptCheckpointError, MissingCheckpointError, check_checkpoint_file,
                           check_checkpoint_fits, check_load_from_fits, check_model_files, check_pretrained,
                           check_resume_file, missing_local_file, pretrained_inits)
-from .config import (LEGACY_KEYS, ConfigKeyError, check_cfg_options, check_compile_memory_paths, check_legacy_keys,
-                     check_top_level_keys, explain_build_error)
-from .data import (DROPPED_WARN_FRACTION, MAX_CHECKED_ANN_BYTES, SAMPLE, AnnotationError, CorruptImageError,
-                   MissingDataError,
+from .config import (LEGACY_KEYS, ConfigKeyError, check_cfg_options, check_compile_memory_paths, check_format_only,
+                     check_legacy_keys, check_top_level_keys, explain_build_error)
+from .data import (DROPPED_ERROR_FRACTION, DROPPED_WARN_FRACTION, MAX_CHECKED_ANN_BYTES, SAMPLE, AnnotationError,
+                   CorruptImageError, MissingDataError,
                    check_coco_annotations, check_data, check_dataset_contents, check_evaluator_files,
                    explain_image_error, head_num_classes, image_dir, image_dirs, leaf_datasets)
 
@@ -52,6 +52,7 @@ def check_train(cfg: Config, scope: str, config_file: str, options: Optional[Dic
     types give the default classes); returns the warnings that were logged."""
     loaders = ('train_dataloader', 'val_dataloader')
     check_config_keys(cfg, config_file, options, unmerged)
+    check_format_only(cfg, ('val_evaluator', ))
     check_data(cfg, loaders)
     check_evaluator_files(cfg)
     # the Runner initialises weights before it loads or resumes, so the file is needed in every case
@@ -66,6 +67,7 @@ def check_test(cfg: Config, scope: str, config_file: str, options: Optional[Dict
     """Everything ``tools/test.py`` checks before building its Runner: the keys, the checkpoint to evaluate
     (``cfg.load_from``) and the test data; returns the warnings that were logged."""
     check_config_keys(cfg, config_file, options, unmerged)
+    check_format_only(cfg, ('test_evaluator', ))
     checkpoint = cfg.load_from
     if missing_local_file(checkpoint):
         raise FileNotFoundError(f'checkpoint not found: {checkpoint}')
@@ -90,9 +92,10 @@ def check_infer(checkpoint: str, device: Optional[str]) -> str:
 __all__ = ['check_train', 'check_test', 'check_infer', 'check_config_keys', 'check_checkpoint_fits',
            'InferenceError', 'CorruptImageError', 'ConfigKeyError', 'AnnotationError', 'CorruptCheckpointError',
            'MissingDataError', 'MissingCheckpointError', 'LEGACY_KEYS', 'SAMPLE', 'DROPPED_WARN_FRACTION',
+           'DROPPED_ERROR_FRACTION',
            'MAX_CHECKED_ANN_BYTES',
            'check_cfg_options', 'check_legacy_keys', 'check_top_level_keys', 'explain_build_error', 'check_data',
            'check_evaluator_files', 'check_coco_annotations', 'check_dataset_contents', 'head_num_classes',
            'explain_image_error', 'image_dir', 'image_dirs', 'leaf_datasets', 'check_pretrained',
            'check_resume_file', 'check_checkpoint_file', 'check_load_from_fits', 'check_model_files',
-           'pretrained_inits', 'missing_local_file', 'check_compile_memory_paths']
+           'pretrained_inits', 'missing_local_file', 'check_compile_memory_paths', 'check_format_only']

@@ -118,8 +118,9 @@ def check_load_from_fits(model_cfg: Any, path: str, checkpoint: Optional[dict]) 
     raise CheckpointMismatchError(
         f'load_from {path} holds {what}: none of its keys belongs to the model\'s {", ".join(parts)}. load_from '
         f'matches whole-model keys, so nothing would load and the model would train from its initialisation. To '
-        f'start the backbone from this file, pass --cfg-options model.backbone.init_cfg.type=Pretrained '
-        f'model.backbone.init_cfg.checkpoint={path} instead of load_from.')
+        f'start the backbone from this file, pass --cfg-options model.backbone.init_cfg._delete_=True '
+        f'model.backbone.init_cfg.type=Pretrained model.backbone.init_cfg.checkpoint={path} instead of load_from '
+        f'(_delete_ replaces whatever init_cfg the config has, None included).')
 
 
 def check_model_files(cfg: Config) -> None:

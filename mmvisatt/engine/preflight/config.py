@@ -5,7 +5,7 @@ import difflib
 import importlib
 import inspect
 import re
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
 from mmengine.config import Config
 
@@ -177,3 +177,29 @@ def check_compile_memory_paths(cfg: Config) -> List[str]:
     for message in warnings:
         print_log(message, logger='current', level=30)
     return warnings
+
+
+# evaluator type -> the setting that says where format_only writes the predictions
+_FORMAT_ONLY_OUTPUT = {'CocoMetric': 'outfile_prefix', 'CityscapesMetric': 'outfile_prefix',
+                       'IoUMetric': 'output_dir', 'CityscapesMetricSeg': 'output_dir'}
+
+
+def check_format_only(cfg: Config, keys: Sequence[str] = ('val_evaluator', 'test_evaluator')) -> None:
+    """An evaluator with ``format_only=True`` writes the predictions in the benchmark server's format instead of
+    scoring them, and needs to be told where: mmdet otherwise stops after the whole test run with 'outfile_prefix
+    must be not None when format_only is True'."""
+    for key in keys:
+        evaluators = cfg.get(key)
+        evaluators = evaluators if isinstance(evaluators, (list, tuple)) else [evaluators]
+        for i, evaluator in enumerate(evaluators):
+            if not isinstance(evaluator, dict) or not evaluator.get('format_only'):
+                continue
+            kind = str(evaluator.get('type', '')).split('.')[-1]
+            setting = _FORMAT_ONLY_OUTPUT.get(kind)
+            if setting and not evaluator.get(setting):
+                where = key if len(evaluators) == 1 else f'{key}.{i}'
+                example = 'work_dirs/results/coco' if setting == 'outfile_prefix' else 'work_dirs/results'
+                raise ConfigKeyError(
+                    f'{where}.format_only=True writes the predictions for submission instead of scoring them, and '
+                    f'needs where to write them: add --cfg-options {where}.{setting}={example} (or set format_only='
+                    f'False to evaluate).')

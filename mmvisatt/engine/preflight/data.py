@@ -35,8 +35,11 @@ from mmvisatt.datasets.transforms import CorruptImageError, image_truncation, tr
 MAX_CHECKED_ANN_BYTES = 64 * 2**20
 SAMPLE = 16
 
-# Share of a file's annotations mmdet drops (zero-area, outside the image) above which a warning is logged.
+# Share of a training file's annotations mmdet drops (zero area, outside the image, or naming no image of the
+# file) above which a warning is logged, and above which training does not start: a set that loses a fifth of its
+# objects is a set whose boxes are in another format (x1, y1, x2, y2; normalised) or whose image ids are off.
 DROPPED_WARN_FRACTION = 0.01
+DROPPED_ERROR_FRACTION = 0.2
 
 LOADERS = ('train_dataloader', 'val_dataloader', 'test_dataloader')
 
@@ -139,9 +142,15 @@ _FOLDER_PER_CLASS = ('ImageNet', 'CustomDataset')
 def _check_class_folders(dataset: dict, where: str) -> None:
     """An mmpretrain folder dataset without ``ann_file`` needs one sub-folder per class; images loose in the
     folder (ImageNet's val set as downloaded, say) make mmpretrain fail with a bare assertion."""
-    folder = image_dir(dataset)
-    if dataset.get('type') not in _FOLDER_PER_CLASS or dataset.get('ann_file') or not folder or \
-            not osp.isdir(folder):
+    folder, ann_file = image_dir(dataset), dataset.get('ann_file')
+    split = dataset.get('split')
+    if split and not dataset.get('data_prefix'):
+        # mmpretrain's ImageNet: split='train' reads data_root/train (split 'test': val), or the list
+        # data_root/meta/<split>.txt where it exists
+        folder = _join(dataset.get('data_root'), 'val' if split == 'test' else split)
+        listed = _join(dataset.get('data_root'), osp.join('meta', f'{split}.txt'))
+        ann_file = ann_file or (listed if osp.isfile(listed) else None)
+    if dataset.get('type') not in _FOLDER_PER_CLASS or ann_file or not folder or not osp.isdir(folder):
         return
     entries = os.listdir(folder)
     if any(osp.isdir(osp.join(folder, e)) for e in entries):
@@ -404,15 +413,18 @@ def _coco_content(path: str, data: dict, where: str, train: bool, masks: bool, c
 def _check_instances(path: str, data: dict, where: str, cat_ids: set, masks: bool, found: _Findings) -> None:
     """What mmdet's ``CocoDataset.parse_data_info`` would keep of the training annotations."""
     images = {i.get('id'): i for i in data['images']}
-    usable = crowd = dropped = without_mask = bad_polygon = 0
+    usable = crowd = dropped = orphans = without_mask = bad_polygon = 0
     examples: Dict[str, Any] = {}
     for ann in data['annotations']:
         if ann.get('category_id') not in cat_ids or ann.get('ignore', False):
             continue
         image = images.get(ann.get('image_id'))
+        if image is None:
+            orphans += 1
+            examples.setdefault('orphan', (ann.get('id'), ann.get('image_id')))
+            continue
         x, y, w, h = ann['bbox']
-        inside = image is not None and (min(x + w, image['width']) - max(x, 0)) > 0 and \
-            (min(y + h, image['height']) - max(y, 0)) > 0
+        inside = (min(x + w, image['width']) - max(x, 0)) > 0 and (min(y + h, image['height']) - max(y, 0)) > 0
         if not inside or ann['area'] <= 0 or w < 1 or h < 1:
             dropped += 1
             examples.setdefault('dropped', ann.get('id'))
@@ -427,7 +439,14 @@ def _check_instances(path: str, data: dict, where: str, cat_ids: set, masks: boo
         elif masks and _bad_polygons(ann.get('segmentation')):
             bad_polygon += 1
             examples.setdefault('polygon', ann.get('id'))
-    total = usable + crowd + dropped
+    total = usable + crowd + dropped + orphans
+    if orphans:
+        ann_id, image_id = examples['orphan']
+        message = (f'{path}: {orphans} of {total} annotations name an image_id that is not among the file\'s images '
+                   f'(e.g. annotation {ann_id} names image {image_id}): mmdet reads the annotations of the listed '
+                   f'images only, so these are never trained on. Add those images to "images", or fix the '
+                   f'annotations\' image_id.')
+        (found.errors if orphans > DROPPED_ERROR_FRACTION * total else found.warnings).append(message)
     if without_mask:
         found.errors.append(
             f'{path}: {without_mask} of {total} annotations have no "segmentation" (e.g. id {examples["mask"]}), but '
@@ -441,8 +460,15 @@ def _check_instances(path: str, data: dict, where: str, cat_ids: set, masks: boo
     if total and not usable:
         found.errors.append(
             f'{path}: none of its {total} annotations can be trained on ({crowd} are crowd regions, {dropped} have '
-            f'zero area or lie outside their image): the model would learn background only. Set iscrowd=0 for '
-            f'objects and check the boxes (COCO bbox is [x, y, width, height] in pixels).')
+            f'zero area or lie outside their image, {orphans} name no image of the file): the model would learn '
+            f'background only. Set iscrowd=0 for objects and check the boxes (COCO bbox is [x, y, width, height] '
+            f'in pixels).')
+    elif dropped > DROPPED_ERROR_FRACTION * total:
+        found.errors.append(
+            f'{path}: {dropped} of {total} annotations have zero area or lie outside their image (e.g. id '
+            f'{examples["dropped"]}), more than {DROPPED_ERROR_FRACTION:.0%}: training would go on without them. '
+            f'COCO bbox is [x, y, width, height] in pixels of the image\'s "width" x "height": convert boxes given '
+            f'as [x1, y1, x2, y2] or normalised to 0..1, or remove the broken annotations.')
     elif dropped > DROPPED_WARN_FRACTION * total:
         found.warnings.append(
             f'{path}: {dropped} of {total} annotations have zero area or lie outside their image (e.g. id '
@@ -786,7 +812,7 @@ _FAILED_IMAGE = re.compile(r'failed to load image: (\S+)')
 def explain_image_error(error: BaseException, image_dirs: Sequence[str] = ()) -> Optional[CorruptImageError]:
     """A :class:`CorruptImageError` for mmcv's ``failed to load image: PATH`` assertion, for OpenCV's refusal of an
     empty file (which names no file: ``image_dirs`` are the folders to search) or for a :class:`CorruptImageError`
-    (``CheckImageIntegrity``), also when re-raised from a dataloader worker, else None."""
+    (``LoadCheckedImageFromFile``), also when re-raised from a dataloader worker, else None."""
     if '!buf.empty()' in str(error):
         where = ' '.join(image_dirs) or 'the image folders'
         return CorruptImageError(
