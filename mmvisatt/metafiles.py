@@ -7,7 +7,8 @@ measured them (``docs/model_zoo.json``, multiply-adds at the zoo's input size), 
 official repository reports for that recipe (``mmvisatt.analysis.paper_results``, with their source; none where
 nothing is reported), and the official ImageNet weights: the release URL as ``Weights`` of the ImageNet
 classifier, and where a dense config's backbone comes from. Written by ``tools/misc/generate_configs.py``; a test
-keeps the checked-in files equal to what this module writes.
+keeps the checked-in files equal to what this module writes. :func:`weights_page` writes docs/weights.md from the
+same presets: where each backbone's ImageNet weights are and how the configs get them.
 """
 import json
 import os.path as osp
@@ -141,3 +142,118 @@ def metafiles(config_dir: str, zoo_json: str) -> Dict[str, str]:
                                                       'mmvisatt/metafiles.py: edit that, not this.\n' + text)
     files['model-index.yml'] = yaml.safe_dump({'Import': sorted(p for p in files)}, sort_keys=False)
     return files
+
+
+_RECIPE_LABELS = {'mask_rcnn_1x': 'Mask R-CNN 1x', 'mask_rcnn_3x': 'Mask R-CNN 3x',
+                  'cascade_mask_rcnn_3x': 'Cascade 3x', 'retinanet_1x': 'RetinaNet 1x',
+                  'upernet_160k_ade20k': 'UperNet', 'fpn_80k_ade20k': 'Semantic FPN',
+                  'segformer_160k_cityscapes': 'SegFormer (Cityscapes)', 'imagenet': 'ImageNet'}
+
+
+def weights_page(config_dir: str) -> str:
+    """docs/weights.md: per backbone preset, where its ImageNet weights come from and how the configs get them
+    (a direct download the first run fetches, a manual step, or none released), which configs start from them and
+    for which of those recipes the paper reports numbers."""
+    from .analysis.paper_results import reported
+    configs = set(expected_configs(config_dir))
+    lines = ['# Pretrained weights', '',
+             '<!-- Written by tools/misc/generate_configs.py from the presets in configs/_base_/backbones/: edit '
+             'those, not this. -->', '',
+             "Every dense config starts its backbone from the preset's ImageNet weights "
+             "(`model.backbone.init_cfg.checkpoint`). A file the authors released as a direct download is named by "
+             "its URL: the first run downloads it once into torch's hub cache (`$TORCH_HOME/hub/checkpoints`, "
+             'default `~/.cache/torch/hub/checkpoints`; in a distributed run rank 0 downloads and the others wait), '
+             'then it goes through the converter and the load report as a local file does. A file behind Google '
+             'Drive or Baidu Pan is a local path under `checkpoints/`: download it there by hand (the pre-flight '
+             'names the file and where to get it when it is missing). Where no weights were released, train the '
+             "preset's ImageNet config first and point `init_cfg.checkpoint` at its checkpoint. Another file: "
+             '`--cfg-options model.backbone.init_cfg.checkpoint=PATH_OR_URL`.', '',
+             '| preset | weights | how the configs get them | configs | paper reports |', '|---|---|---|---|---|']
+    counts = {'direct': 0, 'manual': 0, 'none': 0}
+    for token in backbone_tokens(config_dir):
+        preset = _preset(config_dir, token)
+        source, path = preset.pretrained_source, preset.pretrained
+        names = [r.name.format(bb=token) for r in RECIPES if f'{r.name.format(bb=token)}.py' in configs]
+        dense = [n for n in names if not n.startswith('imagenet')]
+        if path.startswith(('http://', 'https://')):
+            kind, how = 'direct', 'downloaded by the first run'
+            where = f'[{osp.basename(path)}]({path})'
+        elif source.startswith('no '):
+            kind, how, where = 'none', f'none released: train `configs/imagenet_{token}.py` first', '-'
+        else:
+            kind, how, where = 'manual', f'by hand, to `{path}`', source
+        counts[kind] += len(dense)
+        papers = sorted({_RECIPE_LABELS[recipe_key(r)] for r in RECIPES
+                         if f'{r.name.format(bb=token)}.py' in configs and reported(token, recipe_key(r))})
+        lines.append(f'| {preset.preset.name} (`{token}`) | {where} | {how} | {len(dense)} dense + ImageNet | '
+                     f"{', '.join(papers) or '-'} |")
+    lines += ['', f"Of the {sum(counts.values())} dense configs, {counts['direct']} download their weights, "
+              f"{counts['manual']} need a file copied by hand and {counts['none']} need an ImageNet run first.", '']
+    return '\n'.join(lines)
+
+
+# family -> what it is for, in a line (docs/choosing.md)
+_FAMILY_USE = {
+    'revit': 'Swin, MViTv2 and ViT with each layer\'s attention scores carried into the next: ReSwin-T is Swin-T plus '
+             'one mix per block, the closest to what mmdet users train today; ReViT-B is a plain ViT-B (global '
+             'attention at every block: the most memory per image).',
+    'fan': 'Robustness to corruptions (ImageNet-C, COCO-C): channel attention after token attention; the Hybrid '
+           'forms (a ConvNeXt stem) are the ones with official detection and segmentation numbers.',
+    'rmt': 'the strongest reported COCO and ADE20K numbers here: attention with a Manhattan-distance spatial decay, '
+           'decomposed along the axes in the early stages.',
+    'evt': 'RMT\'s decay with Euclidean distance and 1-D token groups; built from the paper (no released code or '
+           'weights: ImageNet pre-training first).',
+    'shunted': 'several key/value resolutions in one attention layer, for objects of many sizes; cheap in memory.',
+}
+
+
+def choosing_page(config_dir: str, zoo_json: str, memory_json: str) -> str:
+    """docs/choosing.md: per family, what it is for, each preset's size (parameters and FLOPs of its Mask R-CNN 1x
+    config), what its paper reports, whether official weights exist, the per-GPU memory of its Mask R-CNN 1x config
+    where measured, and the configs to start from."""
+    from .analysis.paper_results import reported
+    with open(zoo_json) as f:
+        zoo = json.load(f).get('configs', {})
+    memory = {}
+    if osp.isfile(memory_json):
+        with open(memory_json) as f:
+            data = json.load(f)
+        memory = {name[:-3]: row for name, row in data.get('rows', {}).items()}
+    lines = ['# Choosing a backbone and a config', '',
+             '<!-- Written by tools/misc/generate_configs.py from the presets, docs/model_zoo.json, '
+             'docs/config_memory.json and mmvisatt/analysis/paper_results.py: edit those, not this. -->', '',
+             'Per family: what it is for, and per preset the size of its Mask R-CNN 1x detector (parameters; FLOPs '
+             'as multiply-adds at the model zoo\'s 1280x800 input, [model_zoo.md](model_zoo.md)), what the paper or '
+             'official repository reports for its dense recipes (COCO box AP, ADE20K or Cityscapes mIoU; "-" where '
+             'nothing is reported), whether official ImageNet weights exist ([weights.md](weights.md)), and the '
+             'memory its Mask R-CNN 1x config needs per GPU at its recipe\'s batch '
+             '([benchmarks.md](benchmarks.md#memory-per-gpu), an upper bound measured on the CPU). Every preset has '
+             'all seven configs (`configs/<recipe>_<preset>_....py`); start from `mask_rcnn_<preset>_3x.py` for '
+             'COCO-style detection and `upernet_<preset>_160k_ade20k.py` for segmentation.', '']
+    tokens = backbone_tokens(config_dir)
+    for key, family in FAMILIES.items():
+        use = _FAMILY_USE[key]
+        lines += [f"## {family['name']}", '', use[0].upper() + use[1:], '',
+                  '| preset | Mask R-CNN 1x: params (M) | FLOPs (G) | reported | official weights | '
+                  'memory per GPU (GB, batch) |', '|---|---|---|---|---|---|']
+        # by form (ReViT / ReSwin / ReMViTv2, FAN's three), then by size
+        members = sorted((t for t in tokens if family_of(t) == key), key=lambda t: (t[:-2], 'tsbl'.index(t[-1])))
+        for token in members:
+            preset = _preset(config_dir, token)
+            det = zoo.get(f'mask_rcnn_{token}_1x', {})
+            results = []
+            for recipe in RECIPES:
+                paper = reported(token, recipe_key(recipe))
+                metrics = {m: v for m, v in (paper.metrics.items() if paper else ()) if m in ('box AP', 'AP', 'mIoU')}
+                if metrics and recipe_key(recipe) != 'imagenet':
+                    results.append(f"{_RECIPE_LABELS[recipe_key(recipe)]} "
+                                   + ', '.join(f'{m} {v}' for m, v in metrics.items()))
+            weights = 'no' if preset.pretrained_source.startswith('no ') else 'yes'
+            row = memory.get(f'mask_rcnn_{token}_1x')
+            mem = f"{row['per_gpu'] / 1e9:.1f} ({row['batch_per_gpu']} images)" if row else 'not measured'
+            params = f"{det['params'] / 1e6:.1f}" if det.get('params') else '-'
+            flops = f"{det['macs'] / 1e9:.0f}" if det.get('macs') else '-'
+            lines.append(f"| {preset.preset.name} (`{token}`) | {params} | {flops} | {'; '.join(results) or '-'} | "
+                         f'{weights} | {mem} |')
+        lines.append('')
+    return '\n'.join(lines)

@@ -82,6 +82,7 @@ class TrainRecipe:
     deviations: Tuple[str, ...] = ()
     why: str = ''  # borrowed: why this recipe
     reported: str = ''  # the published result this config reproduces, if any
+    memory: str = ''  # what the config turns on to fit one 80 GB GPU at its per-GPU batch, and why
 
     @property
     def images_per_gpu(self) -> int:
@@ -438,6 +439,10 @@ def _remvit_det(drop_path: float, name: str) -> TrainRecipe:
                     '62,500 (36.6 / 28.5 / 33.9 epochs of COCO train2017 at batch 64)', _GATE))
 
 
+# the ReMViTv2 sizes whose detectors (8 images per GPU) checkpoint their blocks to fit an 80 GB GPU
+_REMVIT_CHECKPOINTED = ('b', )
+
+
 def remvit_recipes(token: str, size: str) -> Dict[str, TrainRecipe]:
     dp = {'t': 0.2, 's': 0.2, 'b': 0.4}[size]
     donor = _remvit_det(dp, f'ReMViTv2-{size.upper()}')
@@ -450,6 +455,8 @@ def remvit_recipes(token: str, size: str) -> Dict[str, TrainRecipe]:
         else:
             out[recipe] = borrow(donor, 'the paper trained only the ReMViTv2-T Mask R-CNN 3x; its recipe (the '
                                         'Detectron2 MViTv2 one)')
+        if size in _REMVIT_CHECKPOINTED:
+            out[recipe] = fit_80gb(out[recipe])
     out['upernet_160k_ade20k'] = borrow(SWIN_UPERNET, 'no ReMViTv2 / MViTv2 UperNet recipe was published; the Swin '
                                                       'UperNet recipe', drop_path_rate=0.3,
                                         no_decay=('norm', 'rel_pos_h', 'rel_pos_w', 'alpha'))
@@ -470,11 +477,22 @@ VITDET_B = TrainRecipe(
                 'replaced by the recipe\'s own 1x / 3x schedule and data pipeline', _GATE))
 
 
+def fit_80gb(recipe: TrainRecipe, **settings) -> TrainRecipe:
+    """``recipe`` with the backbone checkpointing its blocks' activations (``with_cp``, plus ``settings``): its
+    training step at the recipe's images per GPU is over 80 GB without it (docs/benchmarks.md, Memory per GPU)."""
+    named = ', '.join(f'{k}={v}' for k, v in dict(with_cp=True, **settings).items())
+    return dataclasses.replace(
+        recipe, backbone=dict(recipe.backbone, with_cp=True, **settings),
+        memory=f'{named}: at {recipe.images_per_gpu} images per GPU the training step is over 80 GB without '
+               f'activation checkpointing (docs/benchmarks.md, Memory per GPU); the total batch stays '
+               f'{recipe.total_batch}')
+
+
 def revit_recipes(token: str) -> Dict[str, TrainRecipe]:
-    out = {recipe: borrow(VITDET_B, 'no ReViT-B detection recipe was published; ViTDet\'s ViT-B recipe (a plain '
-                                    'ViT-B with a simple feature pyramid, as ours). Global attention keeps every '
-                                    'score map at detection sizes: expect the memory of ViTDet\'s global blocks in '
-                                    'all 12')
+    out = {recipe: fit_80gb(borrow(VITDET_B, 'no ReViT-B detection recipe was published; ViTDet\'s ViT-B recipe (a '
+                                             'plain ViT-B with a simple feature pyramid, as ours). Global attention '
+                                             'keeps every score map at detection sizes: expect the memory of '
+                                             'ViTDet\'s global blocks in all 12'), carry_factors=True)
            for recipe in ('mask_rcnn_1x', 'mask_rcnn_3x', 'cascade_mask_rcnn_3x', 'retinanet_1x')}
     out['upernet_160k_ade20k'] = borrow(
         MMSEG_VIT_B, 'no ReViT-B segmentation recipe was published; mmseg\'s ViT-B UperNet recipe')
@@ -591,32 +609,33 @@ def recipe_for(token: str, recipe: str) -> TrainRecipe:
 class PaperVsCode:
     model: str
     setting: str
-    paper: str  # what the paper states, with the seed (shared/seeds) and section
+    paper: str  # what the paper states, with its arXiv number and section
     code: str  # what the released code does, with its source
     config: str  # what our configs use
     why: str
 
 
-_REVIT_SEED = 'ReViT paper (seed 000), Implementation Details'
+_REVIT_SEED = 'ReViT paper, arXiv 2402.11301, Implementation Details'
 PAPER_VS_CODE: Tuple[PaperVsCode, ...] = (
     PaperVsCode('ReViT-B', 'ImageNet batch, gradient clipping',
                 f'Adam, lr 1e-3, 30 warmup epochs, effective batch 4096, weight decay 0.3, gradient clipping '
                 f'({_REVIT_SEED})',
                 'lr 1e-3 at effective batch 8192 (base 6.25e-5 x 256 x 2 GPUs x accumulation 16 / 512), no gradient '
-                'clipping (ADiko1997/ReViT ImageNet config; reference/revit.md §1d)',
+                'clipping (ADiko1997/ReViT ImageNet config and main.py)',
                 'the code: batch 8192, lr 1e-3, no clipping (`configs/imagenet_revit_b.py`)',
                 'the released ReViT-B weights come from that run; `--auto-scale-lr` rescales the lr for a batch of '
                 '4096'),
     PaperVsCode('ReSwin-T', 'ImageNet lr, gradient clipping',
                 f'AdamW, lr 1e-3, 20 warmup epochs, batch 1024, weight decay 0.05, gradient clipping ({_REVIT_SEED})',
-                'lr 5e-4 (base 2.5e-4 x 1024 / 512) at batch 1024, no gradient clipping (reference/revit.md §1d)',
+                'lr 5e-4 (base 2.5e-4 x 1024 / 512) at batch 1024, no gradient clipping (ADiko1997/ReViT ImageNet '
+                'config and main.py)',
                 'the code: lr 5e-4, no clipping (`configs/imagenet_reswin_t.py`)',
                 'the released ReSwin-T weights come from that run'),
     PaperVsCode('ReMViTv2-T', 'ImageNet batch, weight decay',
                 f'AdamW, lr 2e-3, 70 warmup epochs, effective batch 2048, weight decay 0.1, gradient clipping '
                 f'({_REVIT_SEED})',
                 'lr 2e-3 at effective batch 4096 (base 2.5e-4 x 256 x 2 GPUs x accumulation 8 / 512), weight decay '
-                '0.05, gradient clipping 1.0 (reference/revit.md §1d)',
+                '0.05, gradient clipping 1.0 (ADiko1997/ReViT ImageNet config and main.py)',
                 'the code: batch 4096, weight decay 0.05, clipping 1.0 (`configs/imagenet_remvit_t.py`)',
                 'the released ReMViTv2-T weights come from that run'),
     PaperVsCode('ReSwin-T, ReMViTv2-T', 'detection schedule',
@@ -635,23 +654,23 @@ PAPER_VS_CODE: Tuple[PaperVsCode, ...] = (
                 '(2-2-6-2)', 'the code: `ReMViTv2(arch=\'t\')` has 1-2-5-2',
                 'the released ReMViTv2-T weights have 10 blocks (24.17M parameters, equal to the official count)'),
     PaperVsCode('RMT-T/S/B/L', 'detection lr and batch',
-                'lr 1e-4, batch 16 (RMT paper v5; reference/rmt_evt.md §4.2)',
+                'lr 1e-4, batch 16 (RMT paper v5)',
                 'AdamW lr 4e-4 (T/S/B 1x, S 3x) or 2e-4 (L 1x, B/L 3x), 8 GPUs x 2 images (qhfan/RMT '
-                'detect/configs/RMT; reference/rmt_evt.md §4.2)',
+                'detect/configs/RMT)',
                 'the code\'s values (`mask_rcnn_rmt_*`, `cascade_mask_rcnn_rmt_*`, `retinanet_rmt_*`)',
                 'the configs the authors released and ran'),
     PaperVsCode('RMT-T/S/B/L', 'how the decay is applied',
-                'the attention is softmax(Q K^T) multiplied by D (RMT paper v5 eq. 5; reference/rmt_evt.md §2)',
+                'the attention is softmax(Q K^T) multiplied by D (RMT paper v5 eq. 5)',
                 'log D is added to the logits before the softmax, i.e. softmax(Q K^T) * D renormalised per row '
                 '(qhfan/RMT; the author confirms it in issue #21)',
                 'the code (RMT; EVT does the same with its Euclidean D)',
                 'parity with the released weights; the renormalised form keeps each row a distribution'),
     PaperVsCode('RMT-T', 'which stages decompose MaSA',
-                'the first three stages (RMT paper v5; reference/rmt_evt.md §2)',
+                'the first three stages (RMT paper v5)',
                 'stages 1-2 only for RMT-T (`RMT_T3`), stages 1-3 for S/B/L',
                 'the code', 'parity with the released RMT-T weights'),
     PaperVsCode('RMT', 'stem',
-                'five 3x3 convolutions (RMT paper v5 App. A; reference/rmt_evt.md §2)',
+                'five 3x3 convolutions (RMT paper v5 App. A)',
                 'four 3x3 convolutions (qhfan/RMT `PatchEmbed`)', 'the code (RMT and EVT)',
                 'parity with the released weights'),
 )

@@ -223,6 +223,8 @@ def render(config_dir: str, token: str, recipe: Recipe) -> str:
             comment.append(f'Why: {values.why}.')
         if values.reported:
             comment.append(f'Reported: {values.reported}.')
+        if values.memory:
+            comment.append(f'Memory: {values.memory}.')
         comment.append(f'Every value with its source line, and each deviation with its reason: docs/recipes.md. '
                        f'Backbone settings in _base_/backbones/{token}.py.')
         body = dense_body(config_dir, recipe, values)
@@ -322,6 +324,8 @@ def recipes_page(config_dir: str) -> str:
             if values.why:
                 lines.append(f'  - why this recipe: {values.why}')
             lines += [f'  - deviation: {d}' for d in values.deviations]
+            if values.memory:
+                lines.append(f'  - memory: {values.memory}')
             if values.reported:
                 lines.append(f'  - reported: {values.reported}')
         lines.append('')

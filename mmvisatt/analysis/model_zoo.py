@@ -418,8 +418,8 @@ def _backbone_section(by_key: Dict[Tuple[str, str], Measurement], tokens: Sequen
         '## Backbones: our ImageNet classifier vs the official one',
         '',
         'Like with like: the whole model of `configs/imagenet_<backbone>.py` (backbone + the official head layout, '
-        '1000 classes) against the official classifier built by its own code with 1000 classes '
-        '(`shared/parity/*/param_counts.json`). `tests/test_model_zoo.py` fails when the two differ by more than '
+        '1000 classes) against the official classifier built by its own code with 1000 classes (the official '
+        'repositories\' own factories). `tests/test_model_zoo.py` fails when the two differ by more than '
         '2%. FLOPs at 224x224. "Dense backbone" is the backbone of the Mask R-CNN 1x config (four outputs, each with '
         'its own output norm, no classifier head).',
         '',
@@ -506,7 +506,8 @@ def _recipe_section(recipe, by_key, tokens, names):
     return lines
 
 
-# Swin-T's detectors in the official Swin detection README (reference/revit.md §3): ReSwin-T is the same network
+# Swin-T's detectors in the official Swin detection README (SwinTransformer/Swin-Transformer-Object-Detection):
+# ReSwin-T is the same network
 # plus one residual mix per attention, so its counts check the FLOP convention.
 _SWIN_T_GFLOPS = {'mask_rcnn_1x': 267, 'cascade_mask_rcnn_3x': 745}
 
@@ -518,7 +519,8 @@ def _convention_check(by_key) -> str:
         return ''
     pairs = '; '.join(f'`{key}` {macs / 1e9:.1f}G against {gflops}G' for key, gflops, macs in measured)
     return (' As a check of the convention, Swin-T with the same detector heads in the official Swin detection '
-            'README (reference/revit.md §3) against our ReSwin-T (the same network plus one residual mix per '
+            'README (SwinTransformer/Swin-Transformer-Object-Detection) against our ReSwin-T'
+            ' (the same network plus one residual mix per '
             f'attention): {pairs}.')
 
 
@@ -580,8 +582,8 @@ def render_markdown(measurements: Sequence[Measurement], command: str, config_di
         'products, so a real forward gives the same number. Segmentors: backbone + neck + decode head (the auxiliary '
         'head is training-only). Classifiers: backbone + neck + head.' + _convention_check(by_key),
         '',
-        '"not reported": the papers / official repositories give no such number, or the project\'s reference notes '
-        'could not confirm it (`mmvisatt/analysis/paper_results.py` holds every reported number with its source; '
+        '"not reported": the papers / official repositories give no such number, or it could not be confirmed '
+        'against their text (`mmvisatt/analysis/paper_results.py` holds every reported number with its source; '
         'nothing is estimated).',
         '',
     ]

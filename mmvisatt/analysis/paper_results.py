@@ -1,8 +1,8 @@
 """What the papers and official repositories report for each backbone preset and recipe, with the source of every
 number.
 
-Only numbers from the project's reference notes (``shared/reference/{revit,fan,rmt_evt,shunted}.md``) and the
-official parameter counts (``shared/parity/*/param_counts.json``, the official classifiers built with their
+Only numbers the official repositories and papers state (each with its source) and the official parameter counts
+(the official classifiers built with their
 default 1000 classes, head included) are here. Where those notes say a number was not found or is not confirmed
 against the paper's text, it is absent: the model zoo shows "not reported", never an estimate.
 
@@ -26,7 +26,7 @@ class Reported:
 @dataclass(frozen=True)
 class OfficialClassifier:
     """The official ImageNet classifier a preset reproduces: its exact parameter count (head included) and, where
-    the reference notes measured or computed it on the official code, its multiply-adds at 224x224."""
+    it was measured or computed on the official code, its multiply-adds at 224x224."""
     name: str
     params: Optional[int]
     params_source: str
@@ -34,16 +34,16 @@ class OfficialClassifier:
     gmacs_source: str = ''
 
 
-_REVIT_COUNTS = 'shared/parity/revit/param_counts.json (official ADiko1997/ReViT model, 1000 classes)'
-_FAN_COUNTS = 'shared/parity/fan/param_counts.json (official NVlabs/FAN factory, 1000 classes)'
-_RMT_COUNTS = 'shared/parity/rmt/param_counts.json (official qhfan/RMT classfication_release, 1000 classes)'
-_SHUNTED_COUNTS = 'shared/parity/shunted/param_counts.json (official SSA.py factory, 1000 classes)'
-_FAN_GMACS = 'reference/fan.md §1: official code measured with torch.utils.flop_counter at 224 (FLOPs/2)'
-_SHUNTED_GMACS = 'reference/shunted.md §1: computed on the official module tree at 224, attention matmuls included'
-_RMT_GMACS = ('reference/rmt_evt.md §1.2: analytic count on the official code at 224 (about 6% above the README; '
+_REVIT_COUNTS = 'the official ADiko1997/ReViT model built by its own code, 1000 classes'
+_FAN_COUNTS = 'the official NVlabs/FAN factory, 1000 classes'
+_RMT_COUNTS = 'the official qhfan/RMT classfication_release model, 1000 classes'
+_SHUNTED_COUNTS = 'the official OliverRensu/Shunted-Transformer SSA.py factory, 1000 classes'
+_FAN_GMACS = 'the official NVlabs/FAN code measured with torch.utils.flop_counter at 224 (FLOPs/2)'
+_SHUNTED_GMACS = ('computed on the official Shunted module tree at 224, attention matmuls included')
+_RMT_GMACS = ('analytic count on the official qhfan/RMT code at 224 (about 6% above the README; '
               'cause unexplained)')
 _EVT_NONE = ('not reported: EVT (arXiv 2604.18549) has no public code, and its parameter table (Table 5) is lost from '
-             'the text (reference/rmt_evt.md §3); docs/evt.md gives ours')
+             'the text (arXiv 2604.18549); docs/evt.md gives ours')
 
 OFFICIAL: Dict[str, OfficialClassifier] = {
     'revit_b': OfficialClassifier('ReViT-B', 86566121, _REVIT_COUNTS),
@@ -73,7 +73,7 @@ OFFICIAL: Dict[str, OfficialClassifier] = {
 
 # The official detection backbones (FAN only: the other families released no dense-task backbone with counts):
 # token -> (params, official name). The official code has no per-output norms; ours adds one per output.
-_FAN_DET = 'shared/parity/fan/param_counts.json `detection_backbones` (NVlabs/FAN detection/models/fan.py)'
+_FAN_DET = 'the official NVlabs/FAN detection backbones (detection/models/fan.py) built by their own code'
 OFFICIAL_DENSE: Dict[str, Tuple[int, str, str]] = {
     'fan_hybrid_t': (8601728, 'fan_tiny_8_p4_hybrid', _FAN_DET),
     'fan_hybrid_s': (28387152, 'fan_small_12_p4_hybrid', _FAN_DET),
@@ -83,26 +83,26 @@ OFFICIAL_DENSE: Dict[str, Tuple[int, str, str]] = {
 
 # Presets with no official classifier count, and why (shown in the zoo instead of a number).
 NO_OFFICIAL_COUNT: Dict[str, str] = {
-    'reswin_s': 'not reported: the ReViT repo releases ReSwin-T only (reference/revit.md §1-2)',
-    'reswin_b': 'not reported: the ReViT repo releases ReSwin-T only (reference/revit.md §1-2)',
-    'remvit_s': 'not reported: the ReViT repo releases ReMViTv2-T only (reference/revit.md §1-2)',
-    'remvit_b': 'not reported: the ReViT repo releases ReMViTv2-T only (reference/revit.md §1-2)',
+    'reswin_s': 'not reported: the ReViT repo releases ReSwin-T only (its README)',
+    'reswin_b': 'not reported: the ReViT repo releases ReSwin-T only (its README)',
+    'remvit_s': 'not reported: the ReViT repo releases ReMViTv2-T only (its README)',
+    'remvit_b': 'not reported: the ReViT repo releases ReMViTv2-T only (its README)',
     'evt_t': _EVT_NONE, 'evt_s': _EVT_NONE, 'evt_b': _EVT_NONE, 'evt_l': _EVT_NONE, 'evt_swin_t': _EVT_NONE,
     'evt_swin_s': _EVT_NONE, 'evt_swin_b': _EVT_NONE,
 }
 
-_REVIT_README = 'ReViT README (ADiko1997/ReViT), ImageNet-1k 224; reference/revit.md §2'
-_FAN_README = 'FAN README (NVlabs/FAN), IN-1K column and #Params; reference/fan.md §1'
-_RMT_README = 'RMT README (qhfan/RMT), ImageNet-1k 224; reference/rmt_evt.md §1.2'
-_SHUNTED_README = 'Shunted README (OliverRensu/Shunted-Transformer), ImageNet 224; reference/shunted.md §1'
-_RMT_DET = 'RMT paper Tables 2-4 (image detect/RMT_det.png in qhfan/RMT); reference/rmt_evt.md §4.1'
-_RMT_SEG = 'RMT paper Table 5 (image segmentation/seg_res.png in qhfan/RMT); reference/rmt_evt.md §4.1'
-_EVT_PAPER = 'EVT paper (arXiv 2604.18549; full text shared/seeds/003_48b467d1b16ca2f7.txt) §{}'
+_REVIT_README = 'ReViT README (ADiko1997/ReViT), ImageNet-1k 224'
+_FAN_README = 'FAN README (NVlabs/FAN), IN-1K column and #Params'
+_RMT_README = 'RMT README (qhfan/RMT), ImageNet-1k 224'
+_SHUNTED_README = 'Shunted README (OliverRensu/Shunted-Transformer), ImageNet 224'
+_RMT_DET = 'RMT paper Tables 2-4 (image detect/RMT_det.png in qhfan/RMT)'
+_RMT_SEG = 'RMT paper Table 5 (image segmentation/seg_res.png in qhfan/RMT)'
+_EVT_PAPER = 'EVT paper (arXiv 2604.18549) §{}'
 # how sure the mapping from the paper's size name to our preset is (docs/evt.md, "Results the paper reports")
 _EVT_MAP = ('the paper\'s number for its model of that name; our shape is our reading of its lost Table 5 '
             '(docs/evt.md), so sizes may differ')
 _FAN_COCO = ('FAN README (NVlabs/FAN) detection table, Cascade Mask R-CNN 3x, IN-1K pretrained; the README does not '
-             'name the metric (presumably box AP); reference/fan.md §3')
+             'name the metric (presumably box AP)')
 
 
 def _top1(source: str, top1: float, params_m: Optional[float] = None, gflops: Optional[float] = None,
@@ -179,27 +179,27 @@ REPORTED: Dict[Tuple[str, str], Reported] = {
 
 # Why a whole family has no downstream numbers here (shown under the recipe tables).
 NOT_REPORTED_WHY: Dict[str, str] = {
-    'ReViT family': 'the paper\'s COCO tables for ReSwin-T / ReMViTv2-T were not found (reference/revit.md §2); '
+    'ReViT family': 'the paper\'s COCO tables for ReSwin-T / ReMViTv2-T were not found; '
                     'no ADE20K numbers are reported',
     'FAN': 'segmentation is reported on Cityscapes only (no ADE20K); detection only for the hybrids with Cascade '
-           'Mask R-CNN 3x, without params or FLOPs (reference/fan.md §3)',
+           'Mask R-CNN 3x, without params or FLOPs',
     'RMT': 'the paper has no Mask R-CNN 3x / Cascade rows for RMT-T and RMT-L and no UperNet row for RMT-T '
-           '(reference/rmt_evt.md §4.1)',
-    'EVT': 'the paper\'s tables are lost from its text (reference/rmt_evt.md §3): what the text states is here '
+           '(arXiv 2309.11523 v5, Tables 2-5)',
+    'EVT': 'the paper\'s tables are lost from its text: what the text states is here '
            '(ADE20K Semantic FPN for every size, UperNet for EVT-B, EVT-L on ImageNet at 384 and its robustness); '
            'no COCO numbers, no parameter or FLOP counts per size',
     'Shunted': 'the paper\'s COCO / ADE20K tables and FLOPs are not confirmed against the paper\'s text '
-               '(reference/shunted.md §3)',
+               '(arXiv 2111.15193)',
 }
 
 
 # Known reasons for gaps between our counts and the reported ones (shown above the "missing" list).
 COMPARISON_NOTES: Dict[str, str] = {
     'RMT': 'the README\'s ImageNet FLOPs are about 6% below an analytic count on the official code, cause '
-           'unexplained (reference/rmt_evt.md §1.2), and ours equal that analytic count. The reported dense-task '
+           'unexplained, and ours equal that analytic count. The reported dense-task '
            'FLOPs are further below ours, more so at higher token counts (RMT-T, whose stage 3 uses full '
            'attention, most): the attention products are what grows faster than the token count, and mmcv\'s FLOP '
-           'counter leaves them out (reference/shunted.md §5; GitHub issue 5 of the Shunted repository), but '
+           'counter leaves them out (GitHub issue 5 of OliverRensu/Shunted-Transformer), but '
            'which counter the RMT paper used is not documented. Compare parameters first (the classifiers\' are '
            'checked exactly against the official code)',
     'FAN': 'the official detection backbone differs from the classifier (no norm/head, an extra learnable '
@@ -210,7 +210,7 @@ COMPARISON_NOTES: Dict[str, str] = {
            '(NVlabs/FAN models/fan.py) computes `attn @ v` a second time for a return value its blocks discard; '
            'FAN-Swin, which does not use that class, matches exactly',
     'ReSwin-T': 'the official ReSwin-T mixes attention scores with the constant 0.5 and has no alpha parameter '
-                '(reference/revit.md §1a); our ReSwin-T preset runs in that mode (the released weights were trained '
+                '(ADiko1997/ReViT reswin.py); our ReSwin-T preset runs in that mode (the released weights were trained '
                 'in it), so the counts agree; ReSwin-S/B learn alpha, one parameter more',
 }
 

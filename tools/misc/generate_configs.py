@@ -1,6 +1,6 @@
-"""Write the task configs (every backbone preset x every recipe), docs/recipes.md and the model index
-(model-index.yml, configs/metafiles/*.yml) from mmvisatt/recipes.py, mmvisatt/task_configs.py and
-mmvisatt/metafiles.py.
+"""Write the task configs (every backbone preset x every recipe), docs/recipes.md, docs/weights.md,
+docs/choosing.md and the model index (model-index.yml, configs/metafiles/*.yml) from mmvisatt/recipes.py,
+mmvisatt/task_configs.py and mmvisatt/metafiles.py.
 
     python tools/misc/generate_configs.py            # write missing or outdated configs and the recipe page
     python tools/misc/generate_configs.py --check    # exit 1 if a config or the page differs from its template
@@ -10,18 +10,23 @@ import os
 import os.path as osp
 import sys
 
-from mmvisatt.metafiles import metafiles
+from mmvisatt.metafiles import choosing_page, metafiles, weights_page
 from mmvisatt.task_configs import expected_configs, recipes_page, write_configs
 
 ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 CONFIGS = osp.join(ROOT, 'configs')
 RECIPES_PAGE = osp.join(ROOT, 'docs', 'recipes.md')
+WEIGHTS_PAGE = osp.join(ROOT, 'docs', 'weights.md')
+CHOOSING_PAGE = osp.join(ROOT, 'docs', 'choosing.md')
+MEMORY_JSON = osp.join(ROOT, 'docs', 'config_memory.json')
 MODEL_ZOO_JSON = osp.join(ROOT, 'docs', 'model_zoo.json')
 
 
 def generated_files(config_dir: str) -> dict:
-    """{absolute path: text} of what is written besides the configs: the recipe page and the model index."""
-    files = {RECIPES_PAGE: recipes_page(config_dir)}
+    """{absolute path: text} of what is written besides the configs: the recipe and weights pages and the model
+    index."""
+    files = {RECIPES_PAGE: recipes_page(config_dir), WEIGHTS_PAGE: weights_page(config_dir),
+             CHOOSING_PAGE: choosing_page(config_dir, MODEL_ZOO_JSON, MEMORY_JSON)}
     files.update({osp.join(ROOT, path): text for path, text in metafiles(config_dir, MODEL_ZOO_JSON).items()})
     return files
 

@@ -1,13 +1,12 @@
 # FAN-L-Hybrid (ConvNeXt stem stages, 480 channels, 22 FAN blocks; the official detection layout).
 # What every task config of this backbone shares (over _fan.py; the dense recipes are in mmvisatt/recipes.py).
 _base_ = ['./_fan.py']
-# Official ImageNet weights: https://github.com/zhoudaquan/fully_attentional_network_ckpt/releases/download/v1.0.0/
-# fan_hybrid_large_in22k_1k.pth.tar
 # FAN-L-Hybrid has no ImageNet-1k release (official issue #18): the ImageNet-22k -> 1k fine-tuned file
 # is the official starting point.
-pretrained = 'checkpoints/fan_hybrid_large_in22k_1k.pth.tar'
 pretrained_source = ('https://github.com/zhoudaquan/fully_attentional_network_ckpt/releases/download/v1.0.0/'
                      'fan_hybrid_large_in22k_1k.pth.tar')
+# a direct download: the first run fetches it into torch's hub cache ($TORCH_HOME/hub/checkpoints)
+pretrained = pretrained_source
 preset = dict(
     name='FAN-L-Hybrid',
     # SyncBN in the stem / channel attention as the official detection code (BN outside DDP)

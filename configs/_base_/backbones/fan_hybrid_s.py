@@ -1,11 +1,10 @@
 # FAN-S-Hybrid (ConvNeXt stem stages, 384 channels, 10 FAN blocks; the official detection layout).
 # What every task config of this backbone shares (over _fan.py; the dense recipes are in mmvisatt/recipes.py).
 _base_ = ['./_fan.py']
-# Official ImageNet weights: https://github.com/zhoudaquan/fully_attentional_network_ckpt/releases/download/v1.0.0/
-# fan_hybrid_small.pth.tar
-pretrained = 'checkpoints/fan_hybrid_small.pth.tar'
 pretrained_source = ('https://github.com/zhoudaquan/fully_attentional_network_ckpt/releases/download/v1.0.0/'
                      'fan_hybrid_small.pth.tar')
+# a direct download: the first run fetches it into torch's hub cache ($TORCH_HOME/hub/checkpoints)
+pretrained = pretrained_source
 preset = dict(
     name='FAN-S-Hybrid',
     # SyncBN in the stem / channel attention as the official detection code (BN outside DDP)

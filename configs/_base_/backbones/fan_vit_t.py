@@ -1,11 +1,10 @@
 # FAN-T-ViT (192 channels, 12 FAN blocks, conv patch embedding p16; a simple feature pyramid for dense tasks).
 # What every task config of this backbone shares (over _fan.py; the dense recipes are in mmvisatt/recipes.py).
 _base_ = ['./_fan.py']
-# Official ImageNet weights: https://github.com/zhoudaquan/fully_attentional_network_ckpt/releases/download/v1.0.0/
-# fan_vit_tiny.pth.tar
-pretrained = 'checkpoints/fan_vit_tiny.pth.tar'
 pretrained_source = ('https://github.com/zhoudaquan/fully_attentional_network_ckpt/releases/download/v1.0.0/'
                      'fan_vit_tiny.pth.tar')
+# a direct download: the first run fetches it into torch's hub cache ($TORCH_HOME/hub/checkpoints)
+pretrained = pretrained_source
 preset = dict(
     name='FAN-T-ViT',
     # SyncBN in the stem / channel attention as the official detection code (BN outside DDP)

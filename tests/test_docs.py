@@ -1,0 +1,65 @@
+"""README.md and docs/ hold together: every relative link and #anchor resolves, and no page names a path outside
+the repository or an issue of the tracker."""
+import glob
+import os.path as osp
+import re
+
+import pytest
+
+from conftest import REPO
+
+PAGES = [osp.join(REPO, 'README.md'), osp.join(REPO, 'CHANGELOG.md')] + \
+    sorted(glob.glob(osp.join(REPO, 'docs', '*.md')))
+LINK = re.compile(r'\[[^\]]*\]\(([^)\s]+)\)')
+FENCE = re.compile(r'^```.*?^```', re.S | re.M)
+
+
+def anchors(path: str) -> set:
+    """GitHub's heading anchors of a Markdown file: lower case, punctuation but '-' and '_' dropped, spaces to
+    '-', a repeated one numbered."""
+    with open(path) as f:
+        text = FENCE.sub('', f.read())
+    seen, found = {}, set()
+    for heading in re.findall(r'^#{1,6} +(.+?) *#*$', text, re.M):
+        slug = re.sub(r'[^\w\- ]', '', heading.strip().lower()).replace(' ', '-')
+        count = seen.get(slug, 0)
+        seen[slug] = count + 1
+        found.add(slug if count == 0 else f'{slug}-{count}')
+    return found
+
+
+@pytest.mark.parametrize('page', PAGES, ids=lambda p: osp.relpath(p, REPO))
+def test_every_relative_link_and_anchor_resolves(page):
+    with open(page) as f:
+        text = FENCE.sub('', f.read())
+    broken = []
+    for target in LINK.findall(text):
+        if re.match(r'[a-z]+:', target):
+            continue  # http(s), mailto
+        path, _, anchor = target.partition('#')
+        resolved = osp.normpath(osp.join(osp.dirname(page), path)) if path else page
+        if not osp.exists(resolved):
+            broken.append(f'{target}: no {osp.relpath(resolved, REPO)}')
+        elif anchor and resolved.endswith('.md') and anchor not in anchors(resolved):
+            broken.append(f'{target}: no heading #{anchor} in {osp.relpath(resolved, REPO)}')
+    assert not broken, broken
+
+
+@pytest.mark.parametrize('page', PAGES, ids=lambda p: osp.relpath(p, REPO))
+def test_no_page_names_a_path_outside_the_repository_or_an_issue(page):
+    with open(page) as f:
+        text = f.read()
+    outside = re.findall(r'(?:\.\./)?shared/[\w./-]*|\breference/\w+\.md|\bseeds/\w+', text)
+    assert not outside, outside
+    # an upstream repository's issue is a public source ('qhfan/RMT GitHub issue 21'); the tracker's are not
+    assert not re.findall(r'(?<!GitHub )\bissue \d+\b(?! of )', text, re.I), 'name the change, not the issue'
+
+
+def test_the_mmcv_build_time_is_stated_once():
+    stated = []
+    for page in PAGES:
+        with open(page) as f:
+            for line in f:
+                if re.search(r'\d+(-\d+)? min', line) and 'mmcv' in line and 'build' in line:
+                    stated.append(osp.relpath(page, REPO))
+    assert stated == ['docs/getting_started.md'], stated
