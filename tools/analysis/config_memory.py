@@ -182,7 +182,8 @@ def meta_sdpa_as_on_the_host() -> Iterator[None]:
         if q.device.type != 'meta':
             return sdpa(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
                         enable_gqa=enable_gqa)
-        like = [torch.empty(t.shape, dtype=t.dtype) if t is not None else None for t in (q, k, v, attn_mask)]
+        like = [torch.empty(t.shape, dtype=t.dtype, requires_grad=t.requires_grad) if t is not None else None
+                for t in (q, k, v, attn_mask)]
         choice = torch._fused_sdp_choice(*like[:3], attn_mask=like[3], dropout_p=dropout_p, is_causal=is_causal,
                                          scale=scale, enable_gqa=enable_gqa)
         if choice != _CPU_FLASH:
@@ -378,6 +379,19 @@ def write_markdown(path: str, rows: Sequence[Dict[str, Any]], when: str) -> None
         f.write(head + body + tail)
 
 
+# the order of --per-gpu-step, which a time limit may cut short: every preset's Mask R-CNN first, then UperNet, ...
+STEP_ORDER = ('mask_rcnn_', 'upernet_', 'cascade_mask_rcnn_', 'retinanet_', 'fpn_', 'segformer_')
+
+
+def step_order(name: str, presets: Optional[Sequence[str]] = None) -> Tuple[int, int, str]:
+    """Sort key of a dense config for ``--per-gpu-step``: its task (:data:`STEP_ORDER`), then its preset's place in
+    ``presets`` (the order given on the command line), then the name."""
+    preset = config_preset(name)
+    task = next((i for i, prefix in enumerate(STEP_ORDER) if name.startswith(prefix)), len(STEP_ORDER))
+    rank = list(presets).index(preset) if presets and preset in presets else len(presets or ())
+    return task, rank, name
+
+
 def config_preset(name: str) -> str:
     """The backbone preset of a dense config name: ``mask_rcnn_evt_swin_t_3x.py`` -> ``evt_swin_t``."""
     stem = name[:-3] if name.endswith('.py') else name
@@ -430,7 +444,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument('--threads', type=int, help='torch threads (default: torch\'s)')
     parser.add_argument('--resume', action='store_true', help='skip the configs that have a row in --out already')
     parser.add_argument('--presets', nargs='+', metavar='PRESET',
-                        help='with --all: only the configs of these backbone presets (e.g. reswin_t rmt_t)')
+                        help='with --all: only the configs of these backbone presets (e.g. reswin_t rmt_t); '
+                             '--per-gpu-step measures them task by task, in this order')
     parser.add_argument('--per-gpu-step', action='store_true',
                         help="instead of the table's estimate: each config's training steps at its per-GPU batch on "
                              '--device (max_memory_allocated on CUDA, time per iteration)')
@@ -449,6 +464,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     configs = [osp.join(CONFIG_DIR, name) for name in dense_configs()] if args.all else args.configs
     if args.presets:
         configs = [c for c in configs if config_preset(osp.basename(c)) in args.presets]
+    if args.per_gpu_step:
+        configs = sorted(configs, key=lambda c: step_order(osp.basename(c), args.presets))
     if not configs:
         parser.error('name config files or pass --all')
     if args.per_gpu_step:
