@@ -21,4 +21,4 @@ demo: setup
 	$(PYTHON) tools/train.py configs/mask_rcnn_reswin_t_3x.py --demo --work-dir work_dirs/demo --cfg-options model.backbone.init_cfg.checkpoint=$(DEMO_STAGE1)
 
 test: setup
-	$(PYTHON) -m pytest -n 2 tests
+	$(PYTHON) -m pytest -n 2 --durations=30 tests

@@ -23,7 +23,8 @@
 #     6. where time is left, RMT/EVT's decay mask + SDPA against FlexAttention (tools/analysis/decay_attention.py)
 #   Everything goes to $OUT (where set) or work_dirs/gpu_check: env.txt, mmcv_build.log, cuda_tests.log/.xml,
 #   train.log, train_check.json, dense_steps.json, benchmark.json/.md/.log, decay_attention.json.
-#   --skip tests,train,dense,bench,decay leaves those steps out (mmcv is still built or installed).
+#   --skip build,tests,train,dense,bench,decay leaves those steps out (without an mmcv with CUDA ops, the steps
+#   that need none take mmcv's Python code from the sdist).
 #   --device cpu rehearses every step on the CPU (no build; the CUDA tests skip; 20 iterations; the dense steps at
 #   128x128 for two presets; the benchmarks at 224x320) to check the script itself; --quick shortens either run
 #   (GPU: 50 iterations, the dense steps of two presets, fewer benchmark passes; CPU: 4 iterations, one preset at
@@ -64,6 +65,16 @@ left() {
 # whether a step of run was not --skip'ped
 want() {
   [[ $skip != *",$1,"* ]]
+}
+
+# the seconds the steps named, those not skipped, need at least: what a step before them leaves of the budget
+declare -A NEEDS=([train]=100 [dense]=60 [bench]=90)
+need() {
+  local total=0 step
+  for step in "$@"; do
+    want "$step" && total=$((total + ${NEEDS[$step]:-0}))
+  done
+  echo "$total"
 }
 
 # mmcv's Python code (no compiled ops) from the sdist, for what runs while the build does: prints the folder to put
@@ -111,7 +122,7 @@ build_mmcv() {
   includes=$("$py" -c 'import sys; sys.path.insert(0, "tools"); import setup_plan; print(":".join(setup_plan.nvidia_include_dirs()))')
   (cd "$build/src/mmcv-2.1.0" && CPATH=$includes${CPATH:+:$CPATH} FORCE_CUDA=1 MMCV_WITH_OPS=1 \
     TORCH_CUDA_ARCH_LIST=$arch MAX_JOBS=$jobs \
-    timeout "$(left 420 230)" "$py" -m pip wheel -q --no-deps --no-build-isolation . -w "$PWD/../../wheels") \
+    timeout "$(left 420 "$(need train dense bench)")" "$py" -m pip wheel -q --no-deps --no-build-isolation . -w "$PWD/../../wheels") \
     >>"$out/mmcv_build.log" 2>&1 || {
       echo "the mmcv build stopped after $((SECONDS - start)) s (exit status $?; 124: out of its time)" |
         tee -a "$out/mmcv_build.log"
@@ -153,7 +164,7 @@ print("gpu:", torch.cuda.get_device_name() if torch.cuda.is_available() else "no
   cat "$out/env.txt"
 
   local status=0 build=
-  if [ "$device" != cpu ]; then
+  if [ "$device" != cpu ] && want build; then
     if compgen -G '.gpu_build/wheels/mmcv-2.1.0-*.whl' >/dev/null; then
       build_mmcv "$out" || status=1
     else
@@ -169,8 +180,9 @@ print("gpu:", torch.cuda.get_device_name() if torch.cuda.is_available() else "no
 
   # a --basetemp of its own: pytest otherwise prunes the numbered temporary folders of other pytest sessions
   if want tests; then
-    timeout "$(left 240 240)" "$py" -m pytest tests/test_cuda.py -m cuda -p no:cacheprovider -q -rs --durations=10 \
-      --basetemp "$(mktemp -d)" --junitxml "$out/cuda_tests.xml" 2>&1 | tee "$out/cuda_tests.log" || status=1
+    timeout "$(left 240 "$(need train dense bench)")" "$py" -m pytest tests/test_cuda.py -m cuda -p no:cacheprovider \
+      -v -rs --durations=10 --basetemp "$(mktemp -d)" --junitxml "$out/cuda_tests.xml" 2>&1 |
+      tee "$out/cuda_tests.log" || status=1
   fi
   if [ -n "$build" ] && ! wait "$build"; then
     status=1
@@ -194,7 +206,7 @@ print("gpu:", torch.cuda.get_device_name() if torch.cuda.is_available() else "no
 
   # the demo keeps the recipe's AMP on a GPU (float32 on the CPU); evaluated before and after on val_images
   if want train; then
-    timeout "$(left 150 140)" "$py" tools/train.py configs/mask_rcnn_reswin_t_3x.py --demo --work-dir "$out/train" \
+    timeout "$(left 150 "$(need dense bench)")" "$py" tools/train.py configs/mask_rcnn_reswin_t_3x.py --demo --work-dir "$out/train" \
       --cfg-options "train_cfg.max_iters=$iters" "val_dataloader.dataset.indices=$val_images" \
       default_hooks.logger.interval=2 >"$out/train.log" 2>&1 || { tail -20 "$out/train.log"; status=1; }
     # on the CPU a few iterations check the script; whether the loss falls is the GPU run's question
@@ -203,12 +215,12 @@ print("gpu:", torch.cuda.get_device_name() if torch.cuda.is_available() else "no
   fi
 
   if want dense; then
-    timeout "$(left 200 95)" "$py" tools/analysis/config_memory.py --all --presets "${presets[@]}" --per-gpu-step \
+    timeout "$(left 200 "$(need bench)")" "$py" tools/analysis/config_memory.py --all --presets "${presets[@]}" --per-gpu-step \
       --device "$device" --steps "$steps" "${dense[@]}" --out "$out/dense_steps.json" 2>&1 | tail -n 100 || status=1
   fi
 
   if want bench; then
-    timeout "$(left 120 5)" "$py" tools/analysis/benchmark.py "${bench[@]}" 2>&1 | tee "$out/benchmark.log" ||
+    timeout "$(left 120)" "$py" tools/analysis/benchmark.py "${bench[@]}" 2>&1 | tee "$out/benchmark.log" ||
       status=1
   fi
   # RMT/EVT's decay mask + SDPA against FlexAttention, where time is left
