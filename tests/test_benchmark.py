@@ -89,9 +89,14 @@ def test_bf16_on_cpu():
     # weights stay float32 (autocast) and the optimizer step moved them
     assert all(p.dtype == torch.float32 for p in workload.model.parameters())
     assert any(not torch.equal(a, p) for a, p in zip(before, workload.model.parameters()))
-    report = run_benchmark([ModelSpec('ReSwinTransformer', arch=eval(TINY))],
-                           BenchmarkSettings(shape=(64, 64), dtype='bf16', warmup=0, repeats=1), ['train'])
+    lines, done = [], []
+    report = run_benchmark([ModelSpec('ReSwinTransformer', arch=eval(TINY))] * 2,
+                           BenchmarkSettings(shape=(64, 64), dtype='bf16', warmup=0, repeats=1), ['train'],
+                           log=lines.append, on_model=lambda r: done.append(len(r['models'])))
     assert report['settings']['dtype'] == 'bf16' and report['models'][0]['train']['time_ms']['n'] == 1
+    # each model's numbers are logged and handed on as it ends: a run stopped by a time limit keeps them
+    assert done == [1, 2]
+    assert sum(line.startswith(f"{report['models'][0]['name']}: train ") and ' ms' in line for line in lines) == 2
 
 
 def test_with_cp_toggles_the_backbone():

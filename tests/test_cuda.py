@@ -113,6 +113,12 @@ def test_fused_equals_reference_t_preset(name, arch):
 # ------------------------------------------------------------------------------------------ CUDA == CPU
 
 
+# FAN-ViT and FAN-Hybrid build their Fourier position grid in float32 on every device, as the official module does
+# (so that float64 runs reproduce its numbers); CUDA's and the CPU's float32 sin/cos differ in the last bit, which
+# moves a float64 step's outputs by up to about 1e-7 and its gradients by about 2e-6 of their norm
+FLOAT32_GRID = {'fan_vit', 'fan_hybrid'}
+
+
 @pytest.mark.parametrize('name', list(TINY_CASES))
 def test_cuda_equals_cpu_tiny(name):
     type_name, kwargs = TINY_CASES[name]
@@ -120,8 +126,9 @@ def test_cuda_equals_cpu_tiny(name):
     x = torch.randn(2, 3, 70, 45, dtype=torch.float64)
     cpu = _step(model, x)
     gpu = _step(model.to(CUDA), x.to(CUDA))
-    assert_tensors_close(gpu[0], cpu[0], 1e-10)
-    assert_tensors_close(gpu[1], cpu[1], 1e-9)
+    outputs, grads = (1e-6, 1e-5) if name in FLOAT32_GRID else (1e-10, 1e-9)
+    assert_tensors_close(gpu[0], cpu[0], outputs)
+    assert_tensors_close(gpu[1], cpu[1], grads)
 
 
 @pytest.mark.parametrize('name,arch', T_PRESETS, ids=T_PRESET_IDS)

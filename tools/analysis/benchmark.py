@@ -948,13 +948,23 @@ def compare_results(first: dict, second: dict) -> Dict[str, float]:
     return ratios
 
 
+def model_line(result: dict) -> str:
+    """One line of a model's main numbers, logged as each model ends so that a run stopped early keeps them."""
+    cells = [('inference', ('inference', 'time_ms', 'median'), 'ms'), ('train', ('train', 'time_ms', 'median'), 'ms'),
+             ('train peak', ('memory', 'train', 'peak_mib'), 'MiB'),
+             ('train', ('train', 'achieved_tflops'), 'TFLOP/s')]
+    parts = [f'{name} {value:.4g} {unit}' for name, path, unit in cells if (value := _get(result, path)) is not None]
+    return f"{result.get('name', '?')}: " + ', '.join(parts)
+
+
 def run_benchmark(specs: Sequence[ModelSpec], settings: BenchmarkSettings,
                   measure: Sequence[str] = MEASUREMENTS, log: Optional[Callable[[str], None]] = None,
-                  peak_tflops: Optional[float] = None) -> dict:
+                  peak_tflops: Optional[float] = None,
+                  on_model: Optional[Callable[[dict], None]] = None) -> dict:
     """Benchmark one model or several side by side in this process (each later one gets ``ratios`` to the first;
     with two, the report's ``ratios`` are second / first). Timed runs measure the device's matrix-product rate
     first (``peak_tflops``: its measurement, and ``given``, the value passed here, which the shares then use).
-    Returns the JSON-ready report."""
+    ``on_model`` gets the report so far after each model. Returns the JSON-ready report."""
     if not specs:
         raise BenchmarkError('Name a model to benchmark.')
     if settings.threads:
@@ -972,6 +982,10 @@ def run_benchmark(specs: Sequence[ModelSpec], settings: BenchmarkSettings,
         if report['models']:
             result['ratios'] = compare_results(report['models'][0], result)
         report['models'].append(result)
+        if log:
+            log(model_line(result))
+        if on_model:
+            on_model(report)
     if len(specs) == 2:
         report['ratios'] = report['models'][1]['ratios']
     return report
@@ -1250,8 +1264,15 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
                                  device=args.device, with_cp=args.with_cp, warmup=args.warmup,
                                  repeats=args.repeats, memory_steps=args.memory_steps, threads=args.threads,
                                  seed=args.seed, clock=args.clock)
+
+    def write_json(report: dict) -> None:
+        os.makedirs(osp.dirname(osp.abspath(args.out)), exist_ok=True)
+        with open(args.out, 'w') as f:
+            f.write(json.dumps(report, indent=2))
+
+    # the JSON is rewritten after each model: a run stopped by a time limit keeps the models it finished
     report = run_benchmark(specs, settings, args.measure, log=lambda msg: print(msg, flush=True),
-                           peak_tflops=args.peak_tflops)
+                           peak_tflops=args.peak_tflops, on_model=write_json if args.out else None)
     if args.suite:
         report['suite'] = args.suite
         report['targets'] = evaluate_targets(report, SUITE_TARGETS.get(args.suite, ()))
