@@ -27,8 +27,8 @@
 #   that need none take mmcv's Python code from the sdist).
 #   --device cpu rehearses every step on the CPU (no build; the CUDA tests skip; 20 iterations; the dense steps at
 #   128x128 for two presets; the benchmarks at 224x320) to check the script itself; --quick shortens either run
-#   (GPU: 50 iterations, the dense steps of two presets, fewer benchmark passes; CPU: 4 iterations, one preset at
-#   64x64, one pass at 64x96).
+#   (GPU: 50 iterations, the dense steps of two presets, fewer benchmark passes; CPU: 4 iterations, the steps of
+#   ReSwin-T's Mask R-CNN and UperNet configs at 64x64, one pass at 64x96).
 #
 # GPU_CHECK_PYTHON picks the interpreter (default: python3). docs/benchmarks.md ("On a GPU") has the procedure.
 set -euo pipefail
@@ -196,7 +196,9 @@ print("gpu:", torch.cuda.get_device_name() if torch.cuda.is_available() else "no
     iters=20 presets=(reswin_t rmt_t) dense=(--shape 128 128)
     local shape=(224 320) passes=(--warmup 1 --repeats 3)
     val_images=4 steps=1
-    [ "$quick" = 1 ] && iters=4 presets=(reswin_t) dense=(--shape 64 64) shape=(64 96) passes=(--warmup 0 --repeats 1)
+    # one detector and one segmentor: Cascade's four-conv heads alone take half a minute a step on two cores
+    [ "$quick" = 1 ] && iters=4 presets=() shape=(64 96) passes=(--warmup 0 --repeats 1) \
+      dense=(configs/mask_rcnn_reswin_t_1x.py configs/upernet_reswin_t_160k_ade20k.py --shape 64 64)
     bench+=(--shape "${shape[@]}" --batch-size 1 --dtype float32 --measure inference train "${passes[@]}")
     decay+=(--shape "${shape[@]}" --batch-size 1 --dtype float32 --no-compile "${passes[@]}")
   else
@@ -215,8 +217,9 @@ print("gpu:", torch.cuda.get_device_name() if torch.cuda.is_available() else "no
   fi
 
   if want dense; then
-    timeout "$(left 200 "$(need bench)")" "$py" tools/analysis/config_memory.py --all --presets "${presets[@]}" --per-gpu-step \
-      --device "$device" --steps "$steps" "${dense[@]}" --out "$out/dense_steps.json" 2>&1 | tail -n 100 || status=1
+    [ ${#presets[@]} -gt 0 ] && dense=(--all --presets "${presets[@]}" "${dense[@]}")
+    timeout "$(left 200 "$(need bench)")" "$py" tools/analysis/config_memory.py "${dense[@]}" --per-gpu-step \
+      --device "$device" --steps "$steps" --out "$out/dense_steps.json" 2>&1 | tail -n 100 || status=1
   fi
 
   if want bench; then
