@@ -77,6 +77,9 @@ need() {
   echo "$total"
 }
 
+# exits 0 where the mmcv that imports was built with CUDA ops
+HAS_OPS='from mmcv.ops import get_compiling_cuda_version as v; import sys; sys.exit(v() in ("", "not available"))'
+
 # mmcv's Python code (no compiled ops) from the sdist, for what runs while the build does: prints the folder to put
 # on PYTHONPATH, or nothing where an mmcv imports already
 mmcv_python() {
@@ -88,8 +91,7 @@ mmcv_python() {
 
 build_mmcv() {
   local out=$1 sdist=.whl/mmcv-2.1.0.tar.gz build=.gpu_build
-  local has_ops='from mmcv.ops import get_compiling_cuda_version as v; import sys; sys.exit(v() in ("", "not available"))'
-  if "$py" -c "$has_ops" 2>/dev/null; then
+  if "$py" -c "$HAS_OPS" 2>/dev/null; then
     echo "mmcv with CUDA ops is installed: no build" | tee "$out/mmcv_build.log"
     return 0
   fi
@@ -100,7 +102,7 @@ build_mmcv() {
   whl=$(ls "$build"/wheels/mmcv-2.1.0-*.whl 2>/dev/null | head -n1 || true)
   if [ -n "$whl" ]; then
     if "$py" -m pip install -q --no-index --no-deps --no-cache-dir --upgrade --target /tmp/site "$whl" \
-        >>"$out/mmcv_build.log" 2>&1 && "$py" -c "$has_ops" >>"$out/mmcv_build.log" 2>&1; then
+        >>"$out/mmcv_build.log" 2>&1 && "$py" -c "$HAS_OPS" >>"$out/mmcv_build.log" 2>&1; then
       echo "mmcv with CUDA ops from $whl: no build" | tee -a "$out/mmcv_build.log"
       return 0
     fi
@@ -187,7 +189,9 @@ print("gpu:", torch.cuda.get_device_name() if torch.cuda.is_available() else "no
   if [ -n "$build" ] && ! wait "$build"; then
     status=1
   fi
-  "$py" -c 'import mmcv.ops' 2>/dev/null || echo "gpu_check: no mmcv with CUDA ops; the detector steps cannot run" >&2
+  if [ "$device" != cpu ] && ! "$py" -c "$HAS_OPS" 2>/dev/null; then
+    echo "gpu_check: no mmcv with CUDA ops; the detector steps cannot run" >&2
+  fi
 
   local iters=200 val_images=50 steps=3 presets=(reswin_t rmt_t evt_swin_t fan_hybrid_t shunted_t remvit_t evt_t fan_vit_t fan_swin_t revit_b)
   local dense=() bench=(--suite t-presets --device "$device" --out "$out/benchmark.json" --markdown "$out/benchmark.md")

@@ -1265,10 +1265,13 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
                                  repeats=args.repeats, memory_steps=args.memory_steps, threads=args.threads,
                                  seed=args.seed, clock=args.clock)
 
+    def write(path: str, text: str) -> None:
+        os.makedirs(osp.dirname(osp.abspath(path)), exist_ok=True)
+        with open(path, 'w') as f:
+            f.write(text)
+
     def write_json(report: dict) -> None:
-        os.makedirs(osp.dirname(osp.abspath(args.out)), exist_ok=True)
-        with open(args.out, 'w') as f:
-            f.write(json.dumps(report, indent=2))
+        write(args.out, json.dumps(report, indent=2))
 
     # the JSON is rewritten after each model: a run stopped by a time limit keeps the models it finished
     report = run_benchmark(specs, settings, args.measure, log=lambda msg: print(msg, flush=True),
@@ -1283,9 +1286,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     writers = ((args.out, lambda: json.dumps(report, indent=2)), (args.markdown, lambda: markdown_report(report)))
     for path, text in writers:
         if path:
-            os.makedirs(osp.dirname(osp.abspath(path)), exist_ok=True)
-            with open(path, 'w') as f:
-                f.write(text())
+            write(path, text())
             print(f'wrote {path}')
     return report
 

@@ -59,7 +59,8 @@ GB = 1e9
 _CPU_FLASH = 1  # torch._fused_sdp_choice's answer for the CPU's flash kernel (sdp::SDPBackend::flash_attention)
 #: the GPU memory every dense config must fit at its per-GPU batch (an A100 / H100 80 GB)
 LIMIT_GB = 80.0
-DENSE_PREFIXES = ('mask_rcnn_', 'cascade_mask_rcnn_', 'retinanet_', 'upernet_', 'fpn_', 'segformer_')
+# also the order of --per-gpu-step, which a time limit may cut short: every preset's Mask R-CNN first, then UperNet
+DENSE_PREFIXES = ('mask_rcnn_', 'upernet_', 'cascade_mask_rcnn_', 'retinanet_', 'fpn_', 'segformer_')
 MARK_BEGIN, MARK_END = '<!-- config-memory: begin -->', '<!-- config-memory: end -->'
 
 
@@ -379,15 +380,11 @@ def write_markdown(path: str, rows: Sequence[Dict[str, Any]], when: str) -> None
         f.write(head + body + tail)
 
 
-# the order of --per-gpu-step, which a time limit may cut short: every preset's Mask R-CNN first, then UperNet, ...
-STEP_ORDER = ('mask_rcnn_', 'upernet_', 'cascade_mask_rcnn_', 'retinanet_', 'fpn_', 'segformer_')
-
-
 def step_order(name: str, presets: Optional[Sequence[str]] = None) -> Tuple[int, int, str]:
-    """Sort key of a dense config for ``--per-gpu-step``: its task (:data:`STEP_ORDER`), then its preset's place in
+    """Sort key of a dense config for ``--per-gpu-step``: its task (:data:`DENSE_PREFIXES`), then its preset's place in
     ``presets`` (the order given on the command line), then the name."""
     preset = config_preset(name)
-    task = next((i for i, prefix in enumerate(STEP_ORDER) if name.startswith(prefix)), len(STEP_ORDER))
+    task = next((i for i, prefix in enumerate(DENSE_PREFIXES) if name.startswith(prefix)), len(DENSE_PREFIXES))
     rank = list(presets).index(preset) if presets and preset in presets else len(presets or ())
     return task, rank, name
 
