@@ -65,10 +65,13 @@ setup(
     package_data={'mmvisatt': add_mim_extension()},
     # torch 2.6, the lowest torch the code runs on (requirements/runtime.txt), needs Python 3.9
     python_requires='>=3.9',
+    # no OpenMMLab distribution: mmcv, mmengine and the task libraries come from upstream (the `mim` extra) or the
+    # onedl fork (the `onedl` extra), which install the same modules; `import mmvisatt` checks their versions
     install_requires=read_requirements('runtime.txt'),
-    # what the models, configs and tools need is installed; the corruption benchmark and ONNX export are extras
+    # the corruption benchmark and ONNX export are extras too
     extras_require={
         'mim': read_requirements('mminstall.txt'),
+        'onedl': read_requirements('onedl.txt'),
         'robustness': read_requirements('robustness.txt'),
         'onnx': read_requirements('onnx.txt'),
         'tests': read_requirements('tests.txt') + read_requirements('robustness.txt') + read_requirements('onnx.txt'),

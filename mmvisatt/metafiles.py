@@ -19,7 +19,7 @@ import yaml
 from mmengine.config import Config
 
 from .recipes import GPUS, SCHEDULES, recipe_for
-from .task_configs import RECIPES, Recipe, backbone_tokens, expected_configs, recipe_key
+from .task_configs import RECIPES, Recipe, backbone_tokens, expected_configs, literal, recipe_key
 
 METAFILE_DIR = 'metafiles'
 # family -> collection: name, token prefixes, paper, official code, our notes, what its attention is
@@ -150,10 +150,31 @@ _RECIPE_LABELS = {'mask_rcnn_1x': 'Mask R-CNN 1x', 'mask_rcnn_3x': 'Mask R-CNN 3
                   'segformer_160k_cityscapes': 'SegFormer (Cityscapes)', 'imagenet': 'ImageNet'}
 
 
+#: the licence of each source of released weights, by preset prefix, with where it is stated
+_WEIGHT_LICENCES = (
+    (('revit_b', 'reswin_t', 'remvit_t'),
+     'none stated (ADiko1997/ReViT@06da93a has no licence file or statement): ask the authors before uses beyond '
+     'research'),
+    (('reswin_s', 'reswin_b'), 'MIT (the LICENSE of microsoft/Swin-Transformer)'),
+    (('remvit_s', 'remvit_b'), 'Apache-2.0 (facebookresearch/mvit@1f9d29b:README.md, "License")'),
+    (('fan_',), 'NVIDIA Source Code License-NC: research or evaluation only (NVlabs/FAN@6467085:LICENSE, 3.3)'),
+    (('rmt_',), 'none stated (qhfan/RMT@0d09dad: README.md, no licence file): ask the authors before uses beyond '
+                'research'),
+    (('shunted_',), 'none stated (OliverRensu/Shunted-Transformer@999e268: README.md, no licence file): ask the '
+                    'authors before uses beyond research'),
+)
+
+
+def weight_licence(token: str) -> str:
+    """The licence of the weights the preset ``token`` starts from, with where it is stated."""
+    return next(text for prefixes, text in _WEIGHT_LICENCES if token.startswith(prefixes))
+
+
 def weights_page(config_dir: str) -> str:
     """docs/weights.md: per backbone preset, where its ImageNet weights come from and how the configs get them
-    (a direct download the first run fetches, a manual step, or none released), which configs start from them and
-    for which of those recipes the paper reports numbers."""
+    (a direct download the first run fetches, a manual step, or none released), under which licence, which configs
+    start from them and for which of those recipes the paper reports numbers; then the commands that fetch the
+    Google Drive files on a node without a browser."""
     from .analysis.paper_results import reported
     configs = set(expected_configs(config_dir))
     lines = ['# Pretrained weights', '',
@@ -165,11 +186,16 @@ def weights_page(config_dir: str) -> str:
              'default `~/.cache/torch/hub/checkpoints`; in a distributed run rank 0 downloads and the others wait), '
              'then it goes through the converter and the load report as a local file does. A file behind Google '
              'Drive or Baidu Pan is a local path under `checkpoints/`: download it there by hand (the pre-flight '
-             'names the file and where to get it when it is missing). Where no weights were released, train the '
-             "preset's ImageNet config first and point `init_cfg.checkpoint` at its checkpoint. Another file: "
+             'names the file and where to get it when it is missing; [below](#on-a-node-without-a-browser), the '
+             'commands for Google Drive). Where no weights were released, train the preset\'s ImageNet config first '
+             'and point `init_cfg.checkpoint` at its checkpoint. Another file: '
              '`--cfg-options model.backbone.init_cfg.checkpoint=PATH_OR_URL`.', '',
-             '| preset | weights | how the configs get them | configs | paper reports |', '|---|---|---|---|---|']
+             "The weights are the authors', under their terms, not under this package's Apache-2.0 licence: the "
+             'licence column says what each source states. A model fine-tuned from them is a derivative of them.', '',
+             '| preset | weights | how the configs get them | licence of the weights | configs | paper reports |',
+             '|---|---|---|---|---|---|']
     counts = {'direct': 0, 'manual': 0, 'none': 0}
+    drive = []
     for token in backbone_tokens(config_dir):
         preset = _preset(config_dir, token)
         source, path = preset.pretrained_source, preset.pretrained
@@ -182,13 +208,78 @@ def weights_page(config_dir: str) -> str:
             kind, how, where = 'none', f'none released: train `configs/imagenet_{token}.py` first', '-'
         else:
             kind, how, where = 'manual', f'by hand, to `{path}`', source
+        if preset.get('pretrained_gdown'):
+            drive.append(f'gdown {preset.pretrained_gdown} -O {path}   # {preset.preset.name}')
         counts[kind] += len(dense)
         papers = sorted({_RECIPE_LABELS[recipe_key(r)] for r in RECIPES
                          if f'{r.name.format(bb=token)}.py' in configs and reported(token, recipe_key(r))})
-        lines.append(f'| {preset.preset.name} (`{token}`) | {where} | {how} | {len(dense)} dense + ImageNet | '
-                     f"{', '.join(papers) or '-'} |")
+        licence = '-' if kind == 'none' else weight_licence(token)
+        lines.append(f'| {preset.preset.name} (`{token}`) | {where} | {how} | {licence} | {len(dense)} dense + '
+                     f"ImageNet | {', '.join(papers) or '-'} |")
     lines += ['', f"Of the {sum(counts.values())} dense configs, {counts['direct']} download their weights, "
-              f"{counts['manual']} need a file copied by hand and {counts['none']} need an ImageNet run first.", '']
+              f"{counts['manual']} need a file copied by hand and {counts['none']} need an ImageNet run first.", '',
+              '## On a node without a browser', '',
+              'Google Drive files download with [gdown](https://pypi.org/project/gdown/) (`pip install gdown`), by '
+              'the file ids of the links in the official READMEs, from the repository root:', '', '```bash']
+    lines += drive + ['# Shunted-T/S/B: the whole Google Drive folder, then ckpt_T.pth, ckpt_S.pth, ckpt_B.pth into '
+                      'checkpoints/',
+                      'gdown --folder 15iZKXFT7apjUSoN2WUMAbb0tvJgyh3YP -O checkpoints/shunted', '```', '',
+                      "RMT's weights are on Baidu Pan only: download them on a machine with a browser and copy them "
+                      'over.', '']
+    return '\n'.join(lines)
+
+
+def own_project_page(config_dir: str) -> str:
+    """docs/own_project.md: per backbone class, a block to paste into a config of an outside mmdet or mmseg project
+    (the imports, the backbone, the channels its neck or decode head takes) and every preset's arguments, from the
+    presets in ``config_dir``; then what the stock ``tools/train.py`` lacks beside this package's."""
+    presets = {token: _preset(config_dir, token).preset for token in backbone_tokens(config_dir)}
+    by_class: Dict[str, List[str]] = {}
+    for token, preset in presets.items():
+        by_class.setdefault(preset.backbone.type, []).append(token)
+    imports = ("custom_imports = dict(imports=['mmvisatt.models', 'mmvisatt.engine', 'mmvisatt.datasets.transforms'], "
+               'allow_failed_imports=False)')
+    lines = ['# The backbones in your own mmdet or mmseg project', '',
+             '<!-- Written by tools/misc/generate_configs.py from the presets in configs/_base_/backbones/: edit '
+             'those, not this. -->', '',
+             'With this package installed (`pip install -e .` in its checkout, beside mmdet / mmseg: '
+             '[getting_started.md](getting_started.md#1-install)), a config of your own project uses a backbone by '
+             'its registered name: paste the block of its class over your model, set the neck\'s (or, for mmseg\'s '
+             "UperNet, the decode head's) input channels to the preset's, and keep the rest of your config. "
+             '`custom_imports` registers the backbones, the safe checkpoint loader with its hooks and the pipelines\' '
+             '`LoadCheckedImageFromFile`. The checkpoint is the preset\'s ImageNet file ([weights.md](weights.md)).',
+             '']
+    for cls, tokens in by_class.items():
+        # the tiny preset where there is one (the one to try first)
+        example = next((t for t in tokens if t.endswith('_t')), tokens[0])
+        first = presets[example]
+        backbone = dict(_delete_=True, **{k: v for k, v in first.backbone.items() if k != 'init_cfg'},
+                        init_cfg=dict(type='Pretrained', checkpoint=_preset(config_dir, example).pretrained))
+        channels = list(first.channels)
+        lines += [f'## {cls}', '', f"{', '.join(presets[t].name for t in tokens)}. The block for {first.name}:", '',
+                  '```python', imports, 'model = dict(',
+                  '    backbone=' + literal(backbone, 4, 13) + ',',
+                  f'    # mmdet: FPN; mmseg UperNet: decode_head=dict(in_channels={channels}), '
+                  f'auxiliary_head=dict(in_channels={channels[2]})',
+                  f'    neck=dict(in_channels={channels}))', '```', '',
+                  '| preset | backbone arguments | neck in_channels |', '|---|---|---|']
+        for token in tokens:
+            preset = presets[token]
+            arguments = ', '.join(f'{k}={v!r}' for k, v in preset.backbone.items() if k not in ('type', 'init_cfg'))
+            lines.append(f'| {preset.name} (`{token}`) | `{arguments}` | `{list(preset.channels)}` |')
+        lines.append('')
+    lines += ['## What the stock tools/train.py lacks', '',
+              "mmdet's and mmseg's own `tools/train.py` train these configs. This package's `tools/train.py` adds, "
+              'before the Runner is built, the pre-flight (the config, the data and the checkpoints checked, each '
+              'problem named with its fix: [reliability.md](reliability.md)) and `--demo`; and, in the Runner, '
+              'checkpoints written atomically with the RNG states of every rank, so that `--resume` continues '
+              'exactly, inside an epoch too (`AtomicCheckpointHook`, `ExactResumeHook`), a check of the neck\'s '
+              'channels against the backbone\'s outputs at the first iteration (`ChannelCheckHook`) and the CPU '
+              'fallbacks of SyncBN and fp16. With the stock tools, add the hooks to your config:', '',
+              '```python',
+              "default_hooks = dict(checkpoint=dict(type='AtomicCheckpointHook', interval=1))",
+              "custom_hooks = [dict(type='ExactResumeHook'), dict(type='ChannelCheckHook')]",
+              '```', '']
     return '\n'.join(lines)
 
 

@@ -63,3 +63,35 @@ def test_the_mmcv_build_time_is_stated_once():
                 if re.search(r'\d+(-\d+)? min', line) and 'mmcv' in line and 'build' in line:
                     stated.append(osp.relpath(page, REPO))
     assert stated == ['docs/getting_started.md'], stated
+
+
+def _launches(text: str):
+    """Each ``dist_train.sh`` / ``slurm_train.sh`` command of a page: (the command, the GPUs it trains on)."""
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        match = re.search(r'(?:NNODES=(\d+)\S*\s+(?:\S+=\S+\s+)*)?(?:GPUS=(\d+)\s+)?bash tools/(dist|slurm)_train\.sh'
+                          r'\s+([^`#]*)', line)
+        if not match:
+            continue
+        command = match.group(0)
+        if (line.count('`') % 2 or line.rstrip().endswith('\\')) and i + 1 < len(lines):
+            command += ' ' + lines[i + 1].split('`')[0]  # a command that goes on on the next line
+        args = command.split(f'{match.group(3)}_train.sh', 1)[1].split()
+        if match.group(3) == 'dist':
+            gpus = int(args[1]) * int(match.group(1) or 1)
+        else:
+            gpus = int(match.group(2) or 8)
+        yield command, gpus
+
+
+def test_every_launch_on_other_than_8_gpus_scales_the_lr():
+    """Every recipe's learning rate belongs to 8 GPUs x its per-GPU batch: a documented command on another number
+    of GPUs carries --auto-scale-lr (the demo's own schedule aside)."""
+    wrong, seen = [], 0
+    for page in PAGES:
+        with open(page) as f:
+            for command, gpus in _launches(f.read()):
+                seen += 1
+                if gpus != 8 and '--demo' not in command and '--auto-scale-lr' not in command:
+                    wrong.append(f'{osp.relpath(page, REPO)}: {command.strip()} ({gpus} GPUs)')
+    assert seen >= 5 and not wrong, wrong

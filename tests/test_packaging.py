@@ -117,6 +117,36 @@ def test_mim_train_runs_the_demo(installed_wheel):
     assert 'mmvisatt/.mim/configs/mask_rcnn_reswin_t_3x.py' in proc.stdout + proc.stderr
 
 
+#: distributions an environment of each stack holds: what this package's requirements need, by their metadata
+STACK_ENVIRONMENTS = {
+    'openmmlab': dict(mmcv='2.1.0', mmengine='0.10.7', mmdet='3.3.0', mmsegmentation='1.2.2', mmpretrain='1.2.0'),
+    'onedl': {'onedl-mmcv': '2.3.6', 'onedl-mmengine': '0.10.12', 'onedl-mmdetection': '3.5.1',
+              'onedl-mmsegmentation': '1.4.2', 'onedl-mmpretrain': '1.3.6'},
+}
+BESIDE = dict(torch='2.14.1', timm='1.0.20', numpy='2.3.0', pycocotools='2.0.10', pillow='11.3.0',
+              matplotlib='3.10.0', pyyaml='6.0.2', ftfy='6.3.1', regex='2025.9.1')
+
+
+@pytest.mark.parametrize('stack, extra', [('onedl', ''), ('onedl', '[onedl]'), ('openmmlab', '[mim]')])
+def test_installing_the_wheel_into_either_stack_installs_nothing_else(installed_wheel, tmp_path, stack, extra):
+    """pip's resolution (a dry run, offline) of this package into an environment that holds one stack's
+    distributions (their metadata is all the resolver reads): it installs this package alone. With the fork, no
+    upstream mmcv is built over the fork's files."""
+    wheel = installed_wheel[0]
+    env = tmp_path / 'env'
+    subprocess.run([sys.executable, '-m', 'venv', '--without-pip', str(env)], check=True)
+    site, = env.glob('lib/python*/site-packages')
+    for name, version in dict(BESIDE, **STACK_ENVIRONMENTS[stack]).items():
+        info = site / f"{name.replace('-', '_')}-{version}.dist-info"
+        info.mkdir()
+        (info / 'METADATA').write_text(f'Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n')
+    run = subprocess.run([sys.executable, '-m', 'pip', '--python', str(env / 'bin' / 'python'), 'install',
+                          '--dry-run', '--no-index', '--disable-pip-version-check', '--quiet', '--report', '-',
+                          f'{wheel}{extra}'], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert [item['metadata']['name'] for item in json.loads(run.stdout)['install']] == ['mmvisatt']
+
+
 def test_setup_says_when_the_disk_is_too_small_for_torch(tmp_path):
     """Before installing torch (6.7 GB of venv with its CUDA build), set-up checks the free space and names the
     problem and the fix, instead of pip's ``[Errno 28] No space left on device`` half-way through."""

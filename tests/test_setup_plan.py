@@ -122,7 +122,8 @@ def test_an_installed_stack_is_kept_and_user_mode_installs_no_tools(tmp_path):
 
 def test_an_mmcv_outside_the_task_libraries_range_is_replaced(tmp_path):
     plan = _plan(_probe(torch='2.14.1', mmcv='2.2.0', ops='cpu'), tmp_path)
-    assert plan.vars['mmcv'] == 'build' and 'outside what mmdet 3.3' in plan.text()
+    assert plan.vars['mmcv'] == 'build'
+    assert 'mmcv 2.2.0 is outside what the task libraries accept (mmcv>=2.0.0,<2.2.0)' in plan.text()
 
 
 def test_too_little_disk_for_torch_stops_the_plan(tmp_path):
@@ -160,6 +161,9 @@ def test_installing_the_package_into_the_stack_replaces_nothing():
     requires = report['install'][0]['metadata']['requires_dist']
     for needed in ('torch>=2.6', 'mmengine<1.0.0,>=0.10.0', 'mmcv<2.2.0,>=2.0.0', 'timm>=1.0'):
         assert any(r.replace(' ', '').startswith(needed) for r in requires), (needed, requires)
+    # no OpenMMLab distribution outside the extras: the onedl fork installs the same modules under other names
+    openmmlab = [r for r in requires if r.split(';')[0].split('<')[0].split('>')[0].strip() in setup_plan.STACK_DISTS]
+    assert openmmlab and all('extra ==' in r for r in openmmlab), openmmlab
     # test tools only in the tests extra
     assert all('extra ==' in r for r in requires if r.split()[0].split('[')[0] in ('pytest', 'flake8', 'onnxruntime'))
 
@@ -169,3 +173,140 @@ def test_requirements_are_ranges(name):
     with open(osp.join(REPO, 'requirements', name)) as f:
         lines = [line.split('#')[0].strip() for line in f]
     assert not [line for line in lines if '==' in line]
+
+
+def test_a_torch_older_than_the_package_needs_stops_before_anything_is_built(tmp_path):
+    """torch 2.5.1: building mmcv against it, then letting pip upgrade torch for requirements/runtime.txt, would
+    leave an mmcv built for another torch."""
+    plan = _plan(_probe(torch='2.5.1+cu124', cuda='12.4', gpus=['9.0']), tmp_path, nvcc='/opt/cuda/bin/nvcc')
+    assert plan.error.startswith('torch 2.5.1+cu124 is installed and this package needs torch >= 2.6')
+    assert 'upgrade it first' in plan.error
+    assert 'mmcv' not in plan.vars and not any(what.startswith('build') for what, _ in plan.steps)
+
+
+def test_a_gpu_target_without_nvcc_stops_naming_how_to_get_one(tmp_path):
+    """``--user`` with a CUDA torch on a login node without nvcc or a GPU: CPU-only ops would install and the job
+    would fail at its first RoIAlign on a GPU node."""
+    probe = _probe(torch='2.7.1+cu128', cuda='12.8')
+    plan = _plan(probe, tmp_path, user=True)
+    assert plan.vars['force_cuda'] == '1'
+    for needed in ('need nvcc', 'module load cuda', 'CUDA_HOME', 'FORCE_CUDA=0 for CPU-only ops on purpose'):
+        assert needed in plan.error, (needed, plan.error)
+    # CPU-only ops on purpose
+    plan = _plan(probe, tmp_path, env={'FORCE_CUDA': '0'}, user=True)
+    assert plan.error is None and plan.vars['force_cuda'] == '0'
+    # a CUDA wheel built before needs no compiler
+    _cache_wheel(tmp_path, plan_key := setup_plan.wheel_key('2.7.1', '12.8', setup_plan.default_archs('12.8')))
+    plan = _plan(probe, tmp_path, user=True)
+    assert plan.error is None and plan.vars['mmcv'] == 'cache' and plan_key in plan.vars['mmcv_wheel']
+
+
+@pytest.mark.parametrize('given', ['sm_80;sm_90', '8.0,9.0', 'ampere', '80', '8.0;;sm_90', ' '])
+def test_a_malformed_arch_list_is_refused_with_the_expected_form(tmp_path, given):
+    probe = _probe(torch='2.7.1', cuda='12.8')
+    plan = _plan(probe, tmp_path, env={'FORCE_CUDA': '1', 'TORCH_CUDA_ARCH_LIST': given}, nvcc='/opt/cuda/bin/nvcc')
+    assert plan.error and "expected the form '8.0;9.0'" in plan.error and repr(given) in plan.error
+    if given == 'sm_80;sm_90':
+        assert '(for sm_80;sm_90: 8.0;9.0)' in plan.error
+
+
+@pytest.mark.parametrize('given', ['8.0;9.0', '8.0 9.0+PTX', '9.0a', 'Ampere;Hopper', '7.5;8.6;12.0+PTX'])
+def test_well_formed_arch_lists_are_built_for(tmp_path, given):
+    plan = _plan(_probe(torch='2.7.1', cuda='12.8'), tmp_path,
+                 env={'FORCE_CUDA': '1', 'TORCH_CUDA_ARCH_LIST': given, 'CUDA_HOME': '/opt/cuda'},
+                 nvcc='/opt/cuda/bin/nvcc')
+    assert plan.error is None and plan.vars['arch_list'] == ';'.join(given.split()).replace(' ', ';')
+
+
+def test_a_venv_that_cannot_be_created_is_named_by_the_plan(tmp_path):
+    (tmp_path / 'a_file').write_text('')
+    probe = setup_plan.fresh_probe(str(tmp_path / 'a_file' / 'venv'))
+    plan = _plan(probe, tmp_path, fresh=True)
+    assert plan.error == (f"cannot create the virtual environment {tmp_path}/a_file/venv: {tmp_path}/a_file is a "
+                          'file, not a folder. Point MMVISATT_VENV at a folder you can write, or MMVISATT_VENV=none '
+                          'for the current interpreter')
+    # a folder this user cannot write (root may write anywhere, so the probe's verdict is given here)
+    plan = _plan(dict(_probe(), prefix='/shared/venv', blocked='/shared is not writable for this user'), tmp_path,
+                 fresh=True)
+    assert 'cannot create the virtual environment /shared/venv: /shared is not writable' in plan.error
+    assert setup_plan.fresh_probe(str(tmp_path / 'new' / 'venv'))['blocked'] is None
+
+
+def test_cuda_home_is_the_toolkit_of_nvcc_through_links_and_wrappers(tmp_path):
+    """torch derives CUDA_HOME from the folder above the first nvcc on PATH; for a wrapper script (as
+    ``/usr/local/bin/nvcc`` on the GPU image, which execs the cuda-13.0 toolkit's) that folder has no
+    ``include/crt/host_defines.h`` and the build fails."""
+    toolkit = tmp_path / 'cuda-13.0'
+    (toolkit / 'bin').mkdir(parents=True)
+    real = toolkit / 'bin' / 'nvcc'
+    real.write_bytes(b'\x7fELF binary')
+    real.chmod(0o755)
+    (tmp_path / 'cuda').symlink_to(toolkit)
+    wrapper = tmp_path / 'local' / 'bin' / 'nvcc'
+    wrapper.parent.mkdir(parents=True)
+    wrapper.write_text(f'#!/bin/sh\nexec {tmp_path}/cuda/bin/nvcc "$@"\n')
+    wrapper.chmod(0o755)
+    linked = tmp_path / 'linked_nvcc'
+    linked.symlink_to(wrapper)
+    for nvcc in (real, tmp_path / 'cuda' / 'bin' / 'nvcc', wrapper, linked):
+        assert setup_plan.cuda_toolkit(str(nvcc)) == str(toolkit), nvcc
+    opaque = tmp_path / 'opaque' / 'bin' / 'nvcc'
+    opaque.parent.mkdir(parents=True)
+    opaque.write_text('#!/bin/sh\nexec "$TOOLKIT/bin/nvcc" "$@"\n')
+    assert setup_plan.cuda_toolkit(str(opaque)) is None
+
+    probe = _probe(torch='2.7.1', cuda='12.8', gpus=['9.0'])
+    plan = _plan(probe, tmp_path, nvcc=str(wrapper))
+    assert plan.error is None and plan.vars['cuda_home'] == str(toolkit)
+    assert f'build with CUDA_HOME={toolkit}: the toolkit of {wrapper}' in plan.text()
+    # CUDA_HOME set by the user wins; a wrapper nothing can be followed through stops, asking for it
+    assert _plan(probe, tmp_path, env={'CUDA_HOME': '/opt/cuda'}, nvcc=str(wrapper)).vars['cuda_home'] == '/opt/cuda'
+    assert 'set CUDA_HOME to the toolkit folder' in _plan(probe, tmp_path, nvcc=str(opaque)).error
+
+
+def test_a_cached_wheel_of_another_python_is_not_installed(tmp_path):
+    _cache_wheel(tmp_path, 'torch2.14.1-cpu')  # cp311
+    plan = _plan(dict(_probe(torch='2.14.1'), python='3.12'), tmp_path)
+    assert plan.vars['mmcv'] == 'build'
+
+
+def test_the_fork_is_set_up_on_request_and_kept_where_it_is(tmp_path):
+    fresh = dict(_probe(), python='3.12')
+    plan = _plan(fresh, tmp_path, env={'MMVISATT_STACK': 'onedl'}, fresh=True)
+    assert plan.error is None
+    assert plan.vars['stack'] == 'onedl' and plan.vars['stack_requirements'] == 'onedl.txt'
+    assert plan.vars['mmcv_dist'] == 'onedl-mmcv' and plan.vars['mmcv_release'] == '2.3.6'
+    assert plan.vars['mmengine_requirement'] == 'onedl-mmengine>=0.10.8,<1.0.0'
+    assert 'build onedl-mmcv 2.3.6 from its sdist' in plan.text()
+    wheels = tmp_path / 'cache' / 'wheels' / 'torch2.14.1-cpu'
+    wheels.mkdir(parents=True)
+    (wheels / 'onedl_mmcv-2.3.6-cp312-cp312-linux_x86_64.whl').write_bytes(b'')
+    plan = _plan(fresh, tmp_path, env={'MMVISATT_STACK': 'onedl'}, fresh=True)
+    assert plan.vars['mmcv'] == 'cache'
+    assert plan.vars['mmcv_wheel'].endswith('onedl_mmcv-2.3.6-cp312-cp312-linux_x86_64.whl')
+    # upstream's default is not installed over a fork that is there, and asking for it stops
+    held = dict(_probe(torch='2.7.1', cuda='12.8', gpus=['9.0'], ops='cuda', **{
+        'onedl-mmcv': '2.3.6', 'onedl-mmengine': '0.10.12', 'onedl-mmdetection': '3.5.1'}), python='3.12')
+    plan = _plan(held, tmp_path)
+    assert plan.error is None and plan.vars['stack'] == 'onedl' and plan.vars['mmcv'] == 'keep'
+    assert 'keep onedl-mmcv 2.3.6' in plan.text() and 'the onedl fork is installed' in plan.text()
+    plan = _plan(held, tmp_path, env={'MMVISATT_STACK': 'openmmlab'})
+    assert 'holds the onedl fork and MMVISATT_STACK=openmmlab would install upstream OpenMMLab over it' in plan.error
+    # both stacks in one environment, an unknown stack, a Python the fork does not support
+    mixed = _probe(torch='2.7.1', mmcv='2.1.0', **{'onedl-mmcv': '2.3.6'})
+    assert 'holds distributions of both stacks (mmcv 2.1.0, onedl-mmcv 2.3.6)' in _plan(mixed, tmp_path).error
+    assert 'MMVISATT_STACK=mmlab is not a stack' in _plan(fresh, tmp_path, env={'MMVISATT_STACK': 'mmlab'}).error
+    plan = _plan(dict(fresh, python='3.9'), tmp_path, env={'MMVISATT_STACK': 'onedl'})
+    assert plan.error.startswith('the onedl fork needs Python >= 3.10; the environment has Python 3.9')
+
+
+def test_a_cuda_request_on_a_cpu_build_is_never_up_to_date(tmp_path):
+    """The up-to-date stamp is checked after the plan: FORCE_CUDA=1 in this environment (set up with CPU-only ops)
+    asks for a CUDA build, so set-up does not say 'up to date' (here it stops, as no nvcc is on this PATH)."""
+    env = dict(os.environ, MMVISATT_VENV=sys.prefix, MMVISATT_CACHE=str(tmp_path / 'cache'), FORCE_CUDA='1',
+               PATH='/usr/bin:/bin')
+    env.pop('CUDA_HOME', None)
+    run = subprocess.run(['bash', SETUP], env=env, capture_output=True, text=True, timeout=300)
+    assert 'up to date' not in run.stderr
+    assert run.returncode == 1 and 'need nvcc' in run.stderr, run.stderr
+    assert not osp.exists(tmp_path / 'cache')

@@ -59,7 +59,10 @@ def test_missing_checkpoint_says_where_to_get_it(fake_coco):
         prepare_train([MASK_3X])
     message = str(error.value)
     for expected in ('checkpoints/reswin_tiny_patch4_window7_224.pth', 'ADiko1997/ReViT',
-                     'swin_tiny_patch4_window7_224.pth', '--cfg-options model.backbone.init_cfg.checkpoint=PATH'):
+                     'swin_tiny_patch4_window7_224.pth', '--cfg-options model.backbone.init_cfg.checkpoint=PATH',
+                     # a login node has no browser for the Google Drive link
+                     'On a node without a browser: pip install gdown && gdown 14Wronoy-Bm-m9BJwHXgjDYJNTOouj_m5 -O '
+                     'checkpoints/reswin_tiny_patch4_window7_224.pth'):
         assert expected in message, (expected, message)
 
 

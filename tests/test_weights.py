@@ -101,3 +101,26 @@ def test_a_url_init_cfg_is_downloaded_once_converted_and_reported(served_backbon
     assert server.requests == ['/weights/reswin_tiny_release.pth']
     assert torch.equal(again['state_dict']['backbone.patch_embed.proj.weight'],
                        weights['patch_embed.proj.weight'])
+
+
+def test_the_own_project_page_is_generated_and_its_blocks_build_what_they_say():
+    """docs/own_project.md: each class's block, pasted into a config, builds the backbone (on the meta device, no
+    weights), and its outputs have the channels the block gives the neck."""
+    from mmvisatt.metafiles import own_project_page
+    import mmvisatt.models  # noqa: F401  (registers the backbones)
+    with open(osp.join(REPO, 'docs', 'own_project.md')) as f:
+        text = f.read()
+    assert text == own_project_page(CONFIGS), 'run tools/misc/generate_configs.py'
+    blocks = re.findall(r'```python\n(custom_imports.*?)```', text, re.S)
+    assert len(blocks) == 7  # ReViT, ReSwinTransformer, ReMViTv2, FAN, RMT, EVT, ShuntedTransformer
+    for block in blocks:
+        cfg = Config.fromstring(block, '.py')
+        assert cfg.custom_imports.imports == ['mmvisatt.models', 'mmvisatt.engine', 'mmvisatt.datasets.transforms']
+        backbone = dict(cfg.model.backbone, init_cfg=None)
+        backbone.pop('_delete_')
+        if backbone.get('norm_cfg', {}).get('type') == 'SyncBN':
+            backbone['norm_cfg'] = dict(backbone['norm_cfg'], type='BN')  # one process, no process group
+        with torch.device('meta'):
+            model = MODELS.build(backbone)
+            outputs = model(torch.empty(1, 3, 224, 224))
+        assert [o.shape[1] for o in outputs] == cfg.model.neck.in_channels, backbone['type']

@@ -12,12 +12,18 @@
 #   MMVISATT_CACHE     where built wheels are kept (default: ~/.cache/mmvisatt)
 #   PYTHON             interpreter used to create the venv (default: python3)
 #   MMVISATT_NEED_GB   free disk (GB) asked for before torch is installed (default: 8)
+#   MMVISATT_STACK     the OpenMMLab stack of a new environment: openmmlab (upstream: mmcv 2.1.0 built from its
+#                      sdist, mmdet 3.3, mmsegmentation 1.2, mmpretrain 1.2; the default) or onedl (the maintained
+#                      fork: onedl-mmcv 2.3.6 built from its sdist, onedl-mmdetection 3.5, ...; Python >= 3.10).
+#                      An environment that holds one keeps it.
 #   FORCE_CUDA, CUDA_HOME, TORCH_CUDA_ARCH_LIST, MAX_JOBS
-#                      the mmcv build: CUDA ops when FORCE_CUDA=1, an nvcc or a visible GPU meets a CUDA torch,
-#                      for the visible GPUs or a default list (tools/setup_plan.py has the rules)
+#                      the mmcv build: CUDA ops when FORCE_CUDA=1, a visible GPU meets a CUDA torch, or (--user) a
+#                      CUDA torch is there; for the visible GPUs or a default list; CUDA_HOME defaults to the toolkit
+#                      of the nvcc found (tools/setup_plan.py has the rules)
 #
 # torch is installed only when none is importable, so GPU users install their own CUDA build first; what is
-# installed already and fits the version ranges of requirements/ stays.
+# installed already and fits the version ranges of requirements/ stays. The plan is made before anything is
+# created, installed or built, and whatever would stop the set-up stops it there.
 set -euo pipefail
 
 user=0 plan_only=0
@@ -51,41 +57,30 @@ planner=$repo/tools/setup_plan.py
 plan_flags=()
 [ "$user" = 1 ] && plan_flags+=(--user)
 [ "$fresh" = 1 ] && plan_flags+=(--fresh)
+probe() {
+  if [ "$fresh" = 1 ]; then
+    "${PYTHON:-python3}" "$planner" probe --fresh "$venv"
+  else
+    "$py" "$planner" probe
+  fi
+}
 
 if [ "$plan_only" = 1 ]; then
-  if [ "$fresh" = 1 ]; then
-    probe=$("${PYTHON:-python3}" "$planner" probe --fresh "$venv")
-  else
-    probe=$("$py" "$planner" probe)
-  fi
   echo "set-up plan for ${venv/#none/the current interpreter ($py)} (wheel cache $cache):"
-  "${PYTHON:-python3}" "$planner" plan - "${plan_flags[@]}" <<<"$probe"
+  "${PYTHON:-python3}" "$planner" plan - "${plan_flags[@]}" <<<"$(probe)"
   exit 0
 fi
 
-if [ "$fresh" = 1 ]; then
-  log "creating virtual environment $venv"
-  "${PYTHON:-python3}" -m venv "$venv"
-fi
-pip=("$py" -m pip --disable-pip-version-check)
-
-# A stamp of every input that changes what gets installed makes the second run a quick no-op check.
-mode=$([ "$user" = 1 ] && echo user || echo dev)
-stamp_src=$(cat "$repo"/requirements/*.txt "$repo/setup.py" "$0" "$planner" | sha1sum | cut -c1-16)
-stamp=$("$py" -c 'import sys; print(sys.prefix)')/.mmvisatt-setup-$mode-$stamp_src
-check='import mmcv.ops, mmdet, mmseg, mmpretrain, timm, mmvisatt'
-[ "$user" = 1 ] || check="$check, pytest"
-if [ -f "$stamp" ] && "$py" -c "$check" 2>/dev/null; then
-  log "environment up to date ($py)"
-  exit 0
-fi
-
-# the plan's variables: install_torch, install_torchvision, mmcv (keep | cache | build), mmcv_key, mmcv_wheel,
-# force_cuda, arch_list, max_jobs, cuda_includes, dev_tools, skip_onnxruntime, plan_error
+# the plan's variables: stack, stack_requirements, mmcv_dist, mmcv_release, mmengine_requirement, install_torch,
+# install_torchvision, mmcv (keep | cache | build), mmcv_key, mmcv_wheel, wheel_prefix, force_cuda, arch_list,
+# max_jobs, cuda_home, cuda_includes, dev_tools, skip_onnxruntime, plan_error
 act_on_plan() {
-  install_torch='' install_torchvision='' mmcv='' mmcv_key='' mmcv_wheel='' force_cuda='' arch_list='' max_jobs=''
-  cuda_includes='' dev_tools='' skip_onnxruntime='' plan_error=''
-  eval "$("$py" "$planner" probe | "$py" "$planner" plan - --shell "${plan_flags[@]}")"
+  stack='' stack_requirements='' mmcv_dist='' mmcv_release='' mmengine_requirement='' install_torch=''
+  install_torchvision='' mmcv='' mmcv_key='' mmcv_wheel='' wheel_prefix='' force_cuda='' arch_list='' max_jobs=''
+  cuda_home='' cuda_includes='' dev_tools='' skip_onnxruntime='' plan_error=''
+  local planner_py=$py
+  [ "$fresh" = 1 ] && planner_py=${PYTHON:-python3}
+  eval "$(probe | "$planner_py" "$planner" plan - --shell "${plan_flags[@]}")"
   if [ -n "$plan_error" ]; then
     log "$plan_error"
     exit 1
@@ -93,7 +88,32 @@ act_on_plan() {
 }
 act_on_plan
 
-if [ "$fresh" = 1 ] || [ "$mmcv" = build ]; then
+# A stamp of every input that changes what gets installed (the sources, the mode, the stack and the mmcv target the
+# plan chose) makes the second run a quick no-op check; a new target (FORCE_CUDA, an arch list, a GPU) is a new stamp.
+mode=$([ "$user" = 1 ] && echo user || echo dev)
+stamp_src=$( (cat "$repo"/requirements/*.txt "$repo/setup.py" "$0" "$planner" "$repo/mmvisatt/stack.py";
+              echo "$stack $mmcv_key") | sha1sum | cut -c1-16)
+stamp_name=.mmvisatt-setup-$mode-$stamp_src
+if [ "$fresh" = 0 ]; then
+  stamp=$("$py" -c 'import sys; print(sys.prefix)')/$stamp_name
+  check='import mmcv.ops, mmdet, mmseg, mmpretrain, timm, mmvisatt'
+  [ "$user" = 1 ] || check="$check, pytest"
+  if [ -f "$stamp" ] && [ "$mmcv" = keep ] && [ -z "$install_torch$install_torchvision" ] \
+      && "$py" -c "$check" 2>/dev/null; then
+    log "environment up to date ($py, ${stack} stack)"
+    exit 0
+  fi
+fi
+
+created=$fresh
+if [ "$fresh" = 1 ]; then
+  log "creating virtual environment $venv"
+  "${PYTHON:-python3}" -m venv "$venv"
+  fresh=0  # from here on the probe reads the new environment
+fi
+pip=("$py" -m pip --disable-pip-version-check)
+
+if [ "$created" = 1 ] || [ "$mmcv" = build ]; then
   "${pip[@]}" install -q -r "$repo/requirements/build.txt"
 fi
 if [ "$install_torch" = 1 ]; then
@@ -105,22 +125,23 @@ elif [ -n "$install_torchvision" ]; then
   "${pip[@]}" install -q "torchvision==$install_torchvision"
 fi
 
-# mmcv 2.1.0 ships only an sdist: built once per torch version and target, and cached
+# upstream mmcv 2.1.0 and onedl-mmcv ship their ops as an sdist: built once per torch version and target, cached
 if [ "$mmcv" = build ]; then
   wheels=$cache/wheels/$mmcv_key
   target=$([ "$force_cuda" = 1 ] && echo "CUDA ops for $arch_list" || echo "CPU ops")
-  log "building mmcv 2.1.0 with $target, $max_jobs jobs (16 minutes measured on 2 cores for the CPU ops;" \
-    "cached in $wheels)"
+  log "building $mmcv_dist $mmcv_release with $target, $max_jobs jobs (the CPU ops take about a quarter of an hour" \
+    "on 2 cores; cached in $wheels)"
   build=$(mktemp -d)
   trap 'rm -rf "$build"' EXIT
   # packages installed since the first line may have moved setuptools past 81 (pkg_resources is gone in 82)
   "${pip[@]}" install -q -r "$repo/requirements/build.txt"
-  "${pip[@]}" download -q --no-deps --no-build-isolation --no-binary :all: mmcv==2.1.0 -d "$build"
-  tar -xzf "$build"/mmcv-2.1.0.tar.gz -C "$build"
+  "${pip[@]}" download -q --no-deps --no-build-isolation --no-binary :all: "$mmcv_dist==$mmcv_release" -d "$build"
+  tar -xzf "$build"/*.tar.gz -C "$build"
+  src=$(ls -d "$build"/*"$mmcv_release"/)
+  src=${src%/}
   # torch >= 2.14 headers refuse anything older than C++20
-  sed -i 's/-std=c++17/-std=c++20/g' "$build/mmcv-2.1.0/setup.py"
+  sed -i 's/-std=c++17/-std=c++20/g' "$src/setup.py"
   mkdir -p "$wheels"
-  src=$build/mmcv-2.1.0
   # the sources setup.py compiles: the C++ ops, and with CUDA the kernels too
   total=$(ls "$src"/mmcv/ops/csrc/pytorch/*.cpp "$src"/mmcv/ops/csrc/pytorch/cpu/*.cpp | wc -l)
   if [ "$force_cuda" = 1 ]; then
@@ -130,8 +151,9 @@ if [ "$mmcv" = build ]; then
     cd "$src"
     export MAX_JOBS=$max_jobs FORCE_CUDA=$force_cuda MMCV_WITH_OPS=1
     if [ "$force_cuda" = 1 ]; then
-      # the CUDA libraries' headers that torch's pip wheels carry, for a toolkit installed without them
-      export TORCH_CUDA_ARCH_LIST=$arch_list CPATH=$cuda_includes${CPATH:+:$CPATH}
+      # CUDA_HOME: the toolkit itself, not the folder of a wrapper nvcc (torch would look for include/crt there);
+      # CPATH: the CUDA libraries' headers that torch's pip wheels carry, for a toolkit installed without them
+      export TORCH_CUDA_ARCH_LIST=$arch_list CUDA_HOME=$cuda_home CPATH=$cuda_includes${CPATH:+:$CPATH}
     fi
     "${pip[@]}" wheel -q --no-build-isolation --no-deps . -w "$wheels"
   ) &
@@ -147,21 +169,27 @@ if [ "$mmcv" = build ]; then
     if [ "$done_" -gt 0 ] && [ "$done_" -lt "$total" ]; then
       left=", about $(((elapsed * (total - done_) / done_ + 59) / 60)) min left"
     fi
-    log "building mmcv: $done_ / $total objects compiled, $((elapsed / 60)) min $((elapsed % 60)) s$left"
+    log "building $mmcv_dist: $done_ / $total objects compiled, $((elapsed / 60)) min $((elapsed % 60)) s$left"
   done
   wait "$builder"
-  log "mmcv built in $(((SECONDS - start) / 60)) min $(((SECONDS - start) % 60)) s"
-  mmcv_wheel=$(ls "$wheels"/mmcv-2.1.0-*.whl | head -n1)
+  log "$mmcv_dist built in $(((SECONDS - start) / 60)) min $(((SECONDS - start) % 60)) s"
+  mmcv_wheel=$(ls "$wheels/$wheel_prefix"*.whl | head -n1)
 fi
 if [ "$mmcv" != keep ]; then
-  "${pip[@]}" install -q --force-reinstall --no-deps "$mmcv_wheel"
-  # mmcv's own requirements; opencv-python only where no OpenCV is importable (a cluster's headless build stays)
-  deps=(addict packaging Pillow pyyaml yapf)
+  # mmcv's own requirements first, mmengine among them, so that no pip step sees an mmcv without them (pip prints
+  # a dependency conflict as an ERROR line); opencv-python only where no OpenCV is importable (a cluster's
+  # headless build stays)
+  deps=(addict packaging Pillow pyyaml yapf "$mmengine_requirement")
   "$py" -c 'import cv2' 2>/dev/null || deps+=(opencv-python)
   "${pip[@]}" install -q "${deps[@]}"
+  "${pip[@]}" install -q --force-reinstall --no-deps "$mmcv_wheel"
 fi
 
-"${pip[@]}" install -q -r "$repo/requirements/mminstall.txt" -r "$repo/requirements/runtime.txt"
+# the stack's ranges without its mmcv line: mmcv is the plan's (kept, cached or built above), and pip resolving its
+# requirements would add opencv-python beside a cluster's headless OpenCV
+stack_file=$(mktemp)
+grep -v "^$mmcv_dist[<>=]" "$repo/requirements/$stack_requirements" >"$stack_file"
+"${pip[@]}" install -q -r "$stack_file" -r "$repo/requirements/runtime.txt"
 if [ "$dev_tools" = 1 ]; then
   onnx=$repo/requirements/onnx.txt
   if [ "$skip_onnxruntime" = 1 ]; then
@@ -169,11 +197,12 @@ if [ "$dev_tools" = 1 ]; then
     grep -v '^onnxruntime' "$repo/requirements/onnx.txt" >"$onnx"
   fi
   "${pip[@]}" install -q -r "$repo/requirements/tests.txt" -r "$repo/requirements/robustness.txt" -r "$onnx"
-  # without its dependencies: requirements/mim.txt says why
-  "${pip[@]}" install -q --no-deps -r "$repo/requirements/mim.txt"
+  # openmim finds upstream's packages by their distribution names; without its dependencies (mim.txt says why)
+  [ "$stack" = openmmlab ] && "${pip[@]}" install -q --no-deps -r "$repo/requirements/mim.txt"
 fi
 "${pip[@]}" install -q --no-deps -e "$repo"
 
-rm -f "$("$py" -c 'import sys; print(sys.prefix)')"/.mmvisatt-setup-*
-touch "$stamp"
-log "environment ready ($py)"
+prefix=$("$py" -c 'import sys; print(sys.prefix)')
+rm -f "$prefix"/.mmvisatt-setup-*
+touch "$prefix/$stamp_name"
+log "environment ready ($py, $stack stack)"

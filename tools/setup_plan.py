@@ -17,27 +17,50 @@ is visible, or (the ``--user`` set-up, as on a cluster's login node) an ``nvcc``
 Blackwell GPUs needs, limited to what torch's CUDA compiles for).
 ``MAX_JOBS`` (parallel compiler jobs) defaults to the cores. Built wheels are cached under
 ``$MMVISATT_CACHE/wheels/<key>``, the key naming the torch version and the target (``torch2.14.1-cpu``,
-``torch2.14.1-cu128-sm80_90``), so a CPU-only build is never installed for a CUDA target.
+``torch2.14.1-cu128-sm80_90``), the file name the mmcv distribution and the Python, so a CPU-only build is never
+installed for a CUDA target nor one Python's wheel into another.
+
+``MMVISATT_STACK`` picks the OpenMMLab stack of a new environment: ``openmmlab`` (upstream's last releases, mmcv
+2.1.0 from its sdist; the default) or ``onedl`` (the maintained fork, onedl-mmcv 2.3.6 from its sdist; Python >=
+3.10). An environment that holds one keeps it; asking for the other there stops the plan. The ranges are
+``mmvisatt/stack.py``'s, read from the file (this script runs before the package can import).
 """
 import argparse
+import importlib.util
 import json
 import os
 import os.path as osp
+import re
 import shlex
 import shutil
 import sys
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
+_spec = importlib.util.spec_from_file_location(
+    'mmvisatt_stack', osp.join(osp.dirname(osp.dirname(osp.abspath(__file__))), 'mmvisatt', 'stack.py'))
+stack = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(stack)
+
 #: what setup_env.sh installs where nothing is there (the versions the suite runs on)
-TORCH, TORCHVISION, MMCV = '2.14.1', '0.29.1', '2.1.0'
+TORCH, TORCHVISION = '2.14.1', '0.29.1'
+#: the oldest torch the package runs on (requirements/runtime.txt)
+TORCH_MIN = (2, 6)
 #: the CUDA of torch 2.14.1's wheels on PyPI (a CUDA build even on a machine without a GPU)
 TORCH_CUDA = '13.0'
-#: the mmcv releases the task libraries accept (mmdet 3.3 and mmsegmentation 1.2: >=2.0.0rc4,<2.2.0)
-MMCV_RANGE = ((2, 0, 0), (2, 2, 0))
+#: per stack: the mmcv release built from its sdist, the requirements file of the rest, the oldest Python
+BUILDS = {
+    'openmmlab': dict(mmcv='2.1.0', requirements='mminstall.txt', python=(3, 9)),
+    'onedl': dict(mmcv='2.3.6', requirements='onedl.txt', python=(3, 10)),
+}
+DEFAULT_STACK = 'openmmlab'
 #: free disk asked for before torch is installed (its CUDA build and the rest of the stack measured 6.7 GB)
 NEED_GB = 8
-PACKAGES = ('torch', 'torchvision', 'mmcv', 'mmengine', 'mmdet', 'mmsegmentation', 'mmpretrain', 'timm', 'pytest',
-            'flake8', 'onnxruntime', 'onnxruntime-gpu', 'openmim', 'mmvisatt')
+#: torch's names for GPU generations, accepted in TORCH_CUDA_ARCH_LIST beside compute capabilities
+NAMED_ARCHS = ('Kepler+Tesla', 'Kepler', 'Maxwell+Tegra', 'Maxwell', 'Pascal', 'Volta', 'Turing', 'Ampere', 'Ada',
+               'Hopper', 'Blackwell')
+STACK_DISTS = tuple(lib.dist for libs in stack.STACKS.values() for lib in libs.values())
+PACKAGES = ('torch', 'torchvision') + STACK_DISTS + ('timm', 'pytest', 'flake8', 'onnxruntime', 'onnxruntime-gpu',
+                                                     'openmim', 'mmvisatt')
 
 Probe = Dict[str, object]
 
@@ -70,7 +93,7 @@ def probe() -> Probe:
             if torch.cuda.is_available():
                 found['gpus'] = sorted({'%d.%d' % torch.cuda.get_device_capability(i)
                                         for i in range(torch.cuda.device_count())})
-            if found['packages']['mmcv']:
+            if found['packages']['mmcv'] or found['packages']['onedl-mmcv']:
                 try:
                     from mmcv.ops import get_compiling_cuda_version
                     cuda = get_compiling_cuda_version()
@@ -96,27 +119,27 @@ def nvidia_include_dirs() -> List[str]:
 
 
 def fresh_probe(prefix: str) -> Probe:
-    """The probe of an environment still to be created at ``prefix`` (``--plan`` before the venv exists)."""
+    """The probe of an environment still to be created at ``prefix`` (``--plan`` before the venv exists), with
+    ``blocked``: why it cannot be created there, if it cannot (a file on the path, a folder this user or a read-only
+    file system does not let us write)."""
     existing = prefix
     while not osp.exists(existing):
         existing = osp.dirname(existing)
+    blocked = None
+    if not osp.isdir(existing):
+        blocked = f'{existing} is a file, not a folder'
+    elif not os.access(existing, os.W_OK | os.X_OK):
+        blocked = f'{existing} is not writable for this user'
     return dict(python='%d.%d' % sys.version_info[:2], prefix=prefix, packages={name: None for name in PACKAGES},
-                torch_cuda=None, gpus=[], mmcv_ops=None, free_gb=shutil.disk_usage(existing).free // 2**30)
-
-
-def _tuple(version: str) -> Tuple[int, ...]:
-    parts = []
-    for part in version.split('+')[0].split('.')[:3]:
-        digits = ''.join(c for c in part if c.isdigit())
-        parts.append(int(digits) if digits else 0)
-    return tuple(parts)
+                torch_cuda=None, gpus=[], mmcv_ops=None, free_gb=shutil.disk_usage(existing).free // 2**30,
+                blocked=blocked)
 
 
 def default_archs(cuda: str) -> List[str]:
     """The GPU architectures built when none is visible and ``TORCH_CUDA_ARCH_LIST`` is unset: V100 (7.0), T4 (7.5),
     A100 (8.0), A10/RTX 30 (8.6), L40/RTX 40 (8.9), H100/H200 (9.0) and B200/RTX 50 (10.0, 12.0), each where the
     CUDA of torch compiles for it, the newest also as PTX for later GPUs."""
-    version = _tuple(cuda)
+    version = stack.parse(cuda)
     archs = ['7.0', '7.5', '8.0', '8.6']
     if version >= (11, 8):
         archs += ['8.9', '9.0']
@@ -142,6 +165,41 @@ def find_nvcc(env: Mapping[str, str]) -> Optional[str]:
     if home and os.access(osp.join(home, 'bin', 'nvcc'), os.X_OK):
         return osp.join(home, 'bin', 'nvcc')
     return shutil.which('nvcc', path=env.get('PATH'))
+
+
+def cuda_toolkit(nvcc: str, depth: int = 4) -> Optional[str]:
+    """The CUDA toolkit folder that ``nvcc`` belongs to (the one holding ``bin/nvcc`` and ``include/crt``), through
+    symbolic links and through wrapper scripts that exec another nvcc by its absolute path (as ``module load`` set-ups
+    and some images install). torch takes ``CUDA_HOME`` from the folder above the first nvcc on PATH, and a
+    wrapper's folder has no ``include/crt/host_defines.h``. None where a wrapper names no nvcc we can follow."""
+    real = osp.realpath(nvcc)
+    try:
+        with open(real, 'rb') as f:
+            head = f.read(8192)
+    except OSError:  # unreadable: the usual layout, <toolkit>/bin/nvcc
+        head = b''
+    if not head.startswith(b'#!'):
+        return osp.dirname(osp.dirname(real))
+    if depth:
+        for target in re.findall(rb'(/[^\s\'";|&<>()]*/bin/nvcc)\b', head):
+            target = target.decode(errors='replace')
+            if osp.realpath(target) != real and os.access(target, os.X_OK):
+                return cuda_toolkit(target, depth - 1)
+    return None
+
+
+def arch_list_problem(given: str) -> Optional[str]:
+    """Why ``TORCH_CUDA_ARCH_LIST`` is not a list torch's build accepts, or None: compute capabilities such as
+    ``8.0;9.0`` (``+PTX`` allowed, separated by ``;`` or spaces) or torch's generation names (``Ampere``)."""
+    entries = [a for a in re.split(r'[;\s]+', given.strip()) if a]
+    bad = [a for a in entries if not re.fullmatch(r'\d+\.\d+[af]?(\+PTX)?', a) and a not in NAMED_ARCHS]
+    if not entries or bad:
+        capabilities = [f'{m.group(1)[:-1]}.{m.group(1)[-1]}' for a in bad
+                        for m in [re.fullmatch(r'(?:sm_|compute_)(\d{2,3})', a)] if m]
+        hint = f" (for {';'.join(bad)}: {';'.join(capabilities)})" if len(capabilities) == len(bad) and bad else ''
+        return (f"TORCH_CUDA_ARCH_LIST={given!r} is not a list of compute capabilities{hint}: expected the form "
+                "'8.0;9.0' (separated by ';' or spaces, '+PTX' allowed on an entry), as torch's build reads it")
+    return None
 
 
 def cores() -> int:
@@ -170,11 +228,6 @@ class Plan:
         return '\n'.join(f'{k}={shlex.quote(v)}' for k, v in sorted(values.items()))
 
 
-def _in_range(version: str) -> bool:
-    low, high = MMCV_RANGE
-    return low <= _tuple(version) < high
-
-
 def _cuda_target(found: Probe, env: Mapping[str, str], nvcc: Optional[str], user: bool = True) -> Tuple[bool, str]:
     """Whether mmcv's CUDA ops are the target, and why. An nvcc without a GPU makes CUDA the target of the user
     set-up (a login node installs for the GPUs of its compute nodes), not of the development set-up, whose tests
@@ -189,8 +242,10 @@ def _cuda_target(found: Probe, env: Mapping[str, str], nvcc: Optional[str], user
         return True, f'FORCE_CUDA=1 with a CUDA {cuda} build of torch'
     if found['gpus']:
         return True, f'a visible GPU with a CUDA {cuda} build of torch'
-    if nvcc and user:
-        return True, f'nvcc ({nvcc}) beside a CUDA {cuda} build of torch (--user)'
+    if user:
+        # a login node installs for the GPUs of its compute nodes: CPU-only ops would fail at their first RoIAlign
+        return True, (f'a CUDA {cuda} build of torch (--user installs for the GPU nodes)' if not nvcc else
+                      f'nvcc ({nvcc}) beside a CUDA {cuda} build of torch (--user)')
     if nvcc:
         return False, (f'no GPU visible: the development set-up builds the ops for this machine, although nvcc '
                        f'({nvcc}) is there (FORCE_CUDA=1 builds the CUDA ops; the --user set-up does so by itself)')
@@ -200,22 +255,63 @@ def _cuda_target(found: Probe, env: Mapping[str, str], nvcc: Optional[str], user
 
 def _archs(found: Probe, env: Mapping[str, str]) -> Tuple[List[str], str]:
     if env.get('TORCH_CUDA_ARCH_LIST'):
-        given = env['TORCH_CUDA_ARCH_LIST'].replace(',', ';').replace(' ', ';')
-        return [a for a in given.split(';') if a], 'from TORCH_CUDA_ARCH_LIST'
+        return [a for a in re.split(r'[;\s]+', env['TORCH_CUDA_ARCH_LIST']) if a], 'from TORCH_CUDA_ARCH_LIST'
     if found['gpus']:
         return list(found['gpus']), 'the visible GPUs'
     return default_archs(str(found['torch_cuda'])), 'no GPU visible: the default list (tools/setup_plan.py)'
+
+
+def _stack(found: Probe, env: Mapping[str, str]) -> Tuple[Optional[str], str]:
+    """The stack to set up and why, or (None, the reason it cannot be chosen)."""
+    asked = env.get('MMVISATT_STACK') or ''
+    held = stack.stack_of(found['packages'])
+    if asked and asked not in stack.STACKS:
+        return None, f"MMVISATT_STACK={asked} is not a stack: use {' or '.join(stack.STACKS)}"
+    if held == 'mixed':
+        names = ', '.join(f'{d} {v}' for d, v in found['packages'].items() if d in STACK_DISTS and v)
+        return None, (f'the environment holds distributions of both stacks ({names}): they install the same modules '
+                      'over each other; uninstall one stack, or set up a new environment (MMVISATT_VENV)')
+    if held and asked and asked != held:
+        return None, (f'the environment holds {stack.STACK_NAMES[held]} and MMVISATT_STACK={asked} would install '
+                      f'{stack.STACK_NAMES[asked]} over it: unset MMVISATT_STACK to keep it, or set up a new '
+                      'environment (MMVISATT_VENV)')
+    if held:
+        return held, f'{stack.STACK_NAMES[held]} is installed'
+    if asked:
+        return asked, f'MMVISATT_STACK={asked}'
+    return DEFAULT_STACK, f'the default (MMVISATT_STACK={"|".join(stack.STACKS)} chooses)'
 
 
 def make_plan(found: Probe, env: Mapping[str, str], cache: str, *, user: bool = False, fresh: bool = False,
               nvcc: Optional[str] = None, jobs: Optional[int] = None) -> Plan:
     """What set-up does for the environment ``found`` (:func:`probe`): the steps with their reasons and the
     variables setup_env.sh acts on. ``fresh``: the virtual environment is created first. ``user``: the runtime
-    only (no test, lint, ONNX or robustness tools)."""
+    only (no test, lint, ONNX or robustness tools). Everything that would stop the set-up stops the plan, before
+    anything is installed or built."""
     plan = Plan()
     packages = found['packages']
     if fresh:
+        if found.get('blocked'):
+            plan.error = (f"cannot create the virtual environment {found['prefix']}: {found['blocked']}. Point "
+                          'MMVISATT_VENV at a folder you can write, or MMVISATT_VENV=none for the current interpreter')
+            return plan
         plan.add('create the virtual environment', 'it does not exist')
+
+    chosen, why_stack = _stack(found, env)
+    if chosen is None:
+        plan.error = why_stack
+        return plan
+    build = BUILDS[chosen]
+    python = tuple(int(p) for p in str(found['python']).split('.')[:2])
+    if python < build['python']:
+        plan.error = (f"{stack.STACK_NAMES[chosen]} needs Python >= {'.'.join(map(str, build['python']))}; the "
+                      f"environment has Python {found['python']}: set PYTHON (a new venv) or use another interpreter")
+        return plan
+    libs = stack.STACKS[chosen]
+    mmcv_dist, mmcv_release = libs['mmcv'].dist, build['mmcv']
+    plan.vars.update(stack=chosen, stack_requirements=build['requirements'], mmcv_dist=mmcv_dist,
+                     mmcv_release=mmcv_release, mmengine_requirement=libs['mmengine'].requirement())
+    plan.add(f'use {stack.STACK_NAMES[chosen]} ({mmcv_dist}, requirements/{build["requirements"]})', why_stack)
 
     torch = packages['torch']
     if torch is None:
@@ -233,38 +329,53 @@ def make_plan(found: Probe, env: Mapping[str, str], cache: str, *, user: bool = 
         if found.get('torch_error'):
             plan.error = f"torch {torch} is installed but does not import ({found['torch_error']}): repair it first"
             return plan
+        if stack.parse(torch)[:2] < TORCH_MIN:
+            plan.error = (f"torch {torch} is installed and this package needs torch >= {'.'.join(map(str, TORCH_MIN))}"
+                          ' (requirements/runtime.txt): upgrade it first with the build for your CUDA (the install '
+                          'command for your CUDA version on pytorch.org), then run the set-up again; an mmcv built '
+                          'now would not load after the upgrade')
+            return plan
         plan.add(f'keep torch {torch}', f"installed (CUDA {found['torch_cuda'] or 'none: a CPU build'})")
         if packages['torchvision'] is None:
-            major, minor, patch = (_tuple(torch) + (0, 0, 0))[:3]
+            major, minor, patch = stack.parse(torch)
             plan.vars['install_torchvision'] = f'0.{minor + 15}.{patch}' if major == 2 else ''
             plan.add(f"install torchvision {plan.vars['install_torchvision'] or '(matching torch)'}",
                      'torchvision is missing')
 
     cuda, why_target = _cuda_target(found, env, nvcc, user)
+    if cuda and env.get('TORCH_CUDA_ARCH_LIST'):
+        problem = arch_list_problem(env['TORCH_CUDA_ARCH_LIST'])
+        if problem:
+            plan.error = problem
+            return plan
     archs, why_archs = _archs(found, env) if cuda else ([], '')
     key = wheel_key(torch, found['torch_cuda'] if cuda else None, archs)
     plan.vars['mmcv_key'] = key
     wheels = osp.join(cache, 'wheels', key)
-    mmcv, ops = packages['mmcv'], found['mmcv_ops']
+    mmcv, ops = packages[mmcv_dist], found['mmcv_ops']
     target = 'CUDA' if cuda else 'CPU'
-    if mmcv and _in_range(mmcv) and ops and (ops == 'cuda' or not cuda):
-        plan.add(f'keep mmcv {mmcv}', f'installed, with {ops.upper()} ops; the target is {target} ({why_target})')
+    if mmcv and libs['mmcv'].accepts(mmcv) and ops and (ops == 'cuda' or not cuda):
+        plan.add(f'keep {mmcv_dist} {mmcv}', f'installed, with {ops.upper()} ops; the target is {target} '
+                 f'({why_target})')
         plan.vars['mmcv'] = 'keep'
     else:
         if mmcv is None:
-            reason = 'mmcv is not installed'
-        elif not _in_range(mmcv):
-            reason = f'mmcv {mmcv} is outside what mmdet 3.3 / mmsegmentation 1.2 accept (>=2.0.0,<2.2.0)'
+            reason = f'{mmcv_dist} is not installed'
+        elif not libs['mmcv'].accepts(mmcv):
+            reason = f"{mmcv_dist} {mmcv} is outside what the task libraries accept ({libs['mmcv'].requirement()})"
         elif ops is None:
-            reason = f'mmcv {mmcv} is installed without its compiled ops (mmcv.ops does not load)'
+            reason = f'{mmcv_dist} {mmcv} is installed without its compiled ops (mmcv.ops does not load)'
         else:
-            reason = f'mmcv {mmcv} has CPU-only ops and the target is CUDA ({why_target})'
-        cached = sorted(f for f in os.listdir(wheels) if f.startswith(f'mmcv-{MMCV}-') and f.endswith('.whl')) \
+            reason = f'{mmcv_dist} {mmcv} has CPU-only ops and the target is CUDA ({why_target})'
+        # a wheel's file name: the distribution with '-' as '_', the release, the Python tag
+        prefix = '%s-%s-cp%s-' % (mmcv_dist.replace('-', '_'), mmcv_release, ''.join(str(p) for p in python))
+        plan.vars['wheel_prefix'] = prefix
+        cached = sorted(f for f in os.listdir(wheels) if f.startswith(prefix) and f.endswith('.whl')) \
             if osp.isdir(wheels) else []
         if cached:
             plan.vars['mmcv'] = 'cache'
             plan.vars['mmcv_wheel'] = osp.join(wheels, cached[0])
-            plan.add(f'install mmcv {MMCV} from the cached wheel {plan.vars["mmcv_wheel"]}',
+            plan.add(f'install {mmcv_dist} {mmcv_release} from the cached wheel {plan.vars["mmcv_wheel"]}',
                      f'{reason}; a wheel for {key} was built before')
         else:
             jobs = int(env.get('MAX_JOBS') or jobs or cores())
@@ -272,22 +383,34 @@ def make_plan(found: Probe, env: Mapping[str, str], cache: str, *, user: bool = 
                              arch_list=';'.join(archs), cuda_includes=':'.join(found.get('cuda_includes') or []))
             detail = (f'CUDA ops for {";".join(archs)} ({why_archs}), FORCE_CUDA=1' if cuda
                       else f'CPU-only ops ({why_target})')
-            plan.add(f'build mmcv {MMCV} from its sdist with {detail}, MAX_JOBS={jobs}; cache it in {wheels}',
-                     reason)
-            if cuda and not nvcc:
-                plan.error = (f'the CUDA ops need nvcc, and none was found in $CUDA_HOME/bin or on PATH: install the '
-                              f"CUDA toolkit {found['torch_cuda']} (torch's) and set CUDA_HOME, or set FORCE_CUDA=0 "
-                              'for CPU-only ops')
-                return plan
+            plan.add(f'build {mmcv_dist} {mmcv_release} from its sdist with {detail}, MAX_JOBS={jobs}; cache it in '
+                     f'{wheels}', reason)
+            if cuda:
+                if not nvcc:
+                    plan.error = (f"the CUDA ops ({why_target}) need nvcc, and none was found in $CUDA_HOME/bin or "
+                                  f"on PATH: load the CUDA toolkit {found['torch_cuda']} (torch's), e.g. `module "
+                                  "load cuda`, or install it and set CUDA_HOME to its folder; or set FORCE_CUDA=0 "
+                                  'for CPU-only ops on purpose (they cannot run RoIAlign or NMS on a GPU)')
+                    return plan
+                home = env.get('CUDA_HOME') or cuda_toolkit(nvcc)
+                if not home:
+                    plan.error = (f'{nvcc} is a wrapper script whose CUDA toolkit could not be found: set CUDA_HOME to '
+                                  'the toolkit folder (the one holding bin/nvcc and include/crt)')
+                    return plan
+                plan.vars['cuda_home'] = home
+                plan.add(f'build with CUDA_HOME={home}', f'the toolkit of {nvcc}' if not env.get('CUDA_HOME')
+                         else 'set in the environment')
 
-    missing = [name for name in ('mmengine', 'mmdet', 'mmsegmentation', 'mmpretrain', 'timm') if not packages[name]]
-    plan.add('install the runtime: requirements/runtime.txt and mminstall.txt (version ranges)',
+    missing = [lib.dist for name, lib in libs.items() if name != 'mmcv' and not packages[lib.dist]]
+    missing += [] if packages['timm'] else ['timm']
+    plan.add(f'install the runtime: requirements/runtime.txt and {build["requirements"]} (version ranges)',
              f"missing: {', '.join(missing)}" if missing else 'all installed; pip keeps versions inside the ranges')
     plan.vars['dev_tools'] = '0' if user else '1'
     if user:
         plan.add('skip the test, lint, ONNX and robustness tools', '--user: the runtime only')
     else:
-        plan.add('install the test and lint tools, the ONNX and robustness extras, and openmim',
+        plan.add('install the test and lint tools, the ONNX and robustness extras'
+                 + (', and openmim' if chosen == 'openmmlab' else ''),
                  'the development set-up (make test runs the whole suite)')
         if packages['onnxruntime-gpu']:
             plan.vars['skip_onnxruntime'] = '1'

@@ -363,7 +363,11 @@ def set_rng_states(states: Dict[str, Any]) -> None:
 
 
 class _RestoreAfter:
-    """Wraps a train loop's data iterator: after ``skip`` batches, restores the RNG states and unwraps itself."""
+    """Wraps a train loop's data iterator: after ``skip`` batches, restores the RNG states and unwraps itself.
+
+    Upstream mmengine's ``IterBasedTrainLoop`` replays the skipped batches through ``next``; the onedl fork's calls
+    the iterator's ``skip_iter(n)``, which moves the sampler on without loading them. Either way the states are set
+    once the skipped batches are behind, where the uninterrupted run stood when it saved."""
 
     def __init__(self, loop: Any, skip: int, states: Dict[str, Any]) -> None:
         self._loop, self._inner, self._left, self._states = loop, loop.dataloader_iterator, skip, states
@@ -375,9 +379,18 @@ class _RestoreAfter:
         batch = next(self._inner)
         self._left -= 1
         if self._left == 0:
-            set_rng_states(self._states)
-            self._loop.dataloader_iterator = self._inner
+            self._restore()
         return batch
+
+    def skip_iter(self, num_iters: int) -> None:
+        self._inner.skip_iter(num_iters)
+        self._left -= num_iters
+        if self._left <= 0:
+            self._restore()
+
+    def _restore(self) -> None:
+        set_rng_states(self._states)
+        self._loop.dataloader_iterator = self._inner
 
 
 def _checkpoint_due_after_iter(runner, batch_idx: int) -> bool:

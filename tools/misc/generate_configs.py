@@ -1,6 +1,6 @@
 """Write the task configs (every backbone preset x every recipe), docs/recipes.md, docs/weights.md,
-docs/choosing.md and the model index (model-index.yml, configs/metafiles/*.yml) from mmvisatt/recipes.py,
-mmvisatt/task_configs.py and mmvisatt/metafiles.py.
+docs/choosing.md, docs/own_project.md and the model index (model-index.yml, configs/metafiles/*.yml) from
+mmvisatt/recipes.py, mmvisatt/task_configs.py and mmvisatt/metafiles.py.
 
     python tools/misc/generate_configs.py            # write missing or outdated configs and the recipe page
     python tools/misc/generate_configs.py --check    # exit 1 if a config or the page differs from its template
@@ -10,7 +10,7 @@ import os
 import os.path as osp
 import sys
 
-from mmvisatt.metafiles import choosing_page, metafiles, weights_page
+from mmvisatt.metafiles import choosing_page, metafiles, own_project_page, weights_page
 from mmvisatt.task_configs import expected_configs, recipes_page, write_configs
 
 ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
@@ -18,6 +18,7 @@ CONFIGS = osp.join(ROOT, 'configs')
 RECIPES_PAGE = osp.join(ROOT, 'docs', 'recipes.md')
 WEIGHTS_PAGE = osp.join(ROOT, 'docs', 'weights.md')
 CHOOSING_PAGE = osp.join(ROOT, 'docs', 'choosing.md')
+OWN_PROJECT_PAGE = osp.join(ROOT, 'docs', 'own_project.md')
 MEMORY_JSON = osp.join(ROOT, 'docs', 'config_memory.json')
 MODEL_ZOO_JSON = osp.join(ROOT, 'docs', 'model_zoo.json')
 
@@ -26,7 +27,8 @@ def generated_files(config_dir: str) -> dict:
     """{absolute path: text} of what is written besides the configs: the recipe and weights pages and the model
     index."""
     files = {RECIPES_PAGE: recipes_page(config_dir), WEIGHTS_PAGE: weights_page(config_dir),
-             CHOOSING_PAGE: choosing_page(config_dir, MODEL_ZOO_JSON, MEMORY_JSON)}
+             CHOOSING_PAGE: choosing_page(config_dir, MODEL_ZOO_JSON, MEMORY_JSON),
+             OWN_PROJECT_PAGE: own_project_page(config_dir)}
     files.update({osp.join(ROOT, path): text for path, text in metafiles(config_dir, MODEL_ZOO_JSON).items()})
     return files
 

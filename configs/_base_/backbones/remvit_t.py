@@ -10,6 +10,9 @@ pretrained = 'checkpoints/remvitv2_t.pth'
 pretrained_source = ('the ReMViTv2-T link (Google Drive) in the README of https://github.com/ADiko1997/ReViT; the '
                      'official https://dl.fbaipublicfiles.com/mvit/mvitv2_models/MViTv2_T_in1k.pyth also works as '
                      'an init')
+# the Google Drive file id of that link (ADiko1997/ReViT@06da93a:Readme.md): `gdown ID -O PATH` fetches it on a
+# node without a browser (the pre-flight prints the command when the file is missing)
+pretrained_gdown = '1cBUzW7wJ1GUpd1CEgL_cSGd26b4s7U4d'
 preset = dict(
     name='ReMViTv2-T',
     backbone=dict(type='ReMViTv2', arch='t', residual_mode='aligned', handoff=True,

@@ -9,6 +9,9 @@ pretrained = 'checkpoints/reswin_tiny_patch4_window7_224.pth'
 pretrained_source = ('the ReSwin-T link (Google Drive) in the README of https://github.com/ADiko1997/ReViT; the '
                      'official Swin-T file https://github.com/SwinTransformer/storage/releases/download/v1.0.0/'
                      'swin_tiny_patch4_window7_224.pth also works as an init')
+# the Google Drive file id of that link (ADiko1997/ReViT@06da93a:Readme.md): `gdown ID -O PATH` fetches it on a
+# node without a browser (the pre-flight prints the command when the file is missing)
+pretrained_gdown = '14Wronoy-Bm-m9BJwHXgjDYJNTOouj_m5'
 preset = dict(
     name='ReSwin-T',
     backbone=dict(type='ReSwinTransformer', arch='t', residual_mode='official',

@@ -7,6 +7,9 @@
 pretrained = 'checkpoints/revit_b.pth'
 pretrained_source = ('the ReViT-B link (Google Drive) in the README of https://github.com/ADiko1997/ReViT; timm '
                      'vit_base_patch16_224 weights also work as an init')
+# the Google Drive file id of that link (ADiko1997/ReViT@06da93a:Readme.md): `gdown ID -O PATH` fetches it on a
+# node without a browser (the pre-flight prints the command when the file is missing)
+pretrained_gdown = '1U8-a3yw1HPcPscm6eTiROxyJJlwfzy6h'
 preset = dict(
     name='ReViT-B',
     backbone=dict(type='ReViT', arch='b', init_cfg=dict(type='Pretrained', checkpoint=pretrained)),

@@ -44,7 +44,8 @@ def check_pretrained(cfg: Config) -> None:
 
     URLs and other schemes (``https://``, ``open-mmlab://``) are left to mmengine, which downloads them. A config
     can say where its default checkpoint comes from in a top-level ``pretrained_source`` string, printed when the
-    missing file is the config's own ``pretrained`` path.
+    missing file is the config's own ``pretrained`` path, and name a Google Drive file id in ``pretrained_gdown``,
+    printed as the command that fetches it on a node without a browser.
     """
     for where, init in pretrained_inits(cfg.get('model')):
         ckpt = init.get('checkpoint')
@@ -53,6 +54,9 @@ def check_pretrained(cfg: Config) -> None:
         lines = [f'Checkpoint for {where} not found: {ckpt}']
         if cfg.get('pretrained_source') and ckpt == cfg.get('pretrained'):
             lines.append(f'Download it from: {cfg.pretrained_source}')
+            if cfg.get('pretrained_gdown'):
+                lines.append('On a node without a browser: pip install gdown && '
+                             f'gdown {cfg.pretrained_gdown} -O {ckpt}')
         lines += [f'Save it as {ckpt}, or pass the file you have with',
                   f'    --cfg-options {where}.checkpoint=PATH',
                   f'(train from random weights with --cfg-options {where}=None; --demo needs no checkpoint).']
