@@ -129,8 +129,8 @@ fi
 if [ "$mmcv" = build ]; then
   wheels=$cache/wheels/$mmcv_key
   target=$([ "$force_cuda" = 1 ] && echo "CUDA ops for $arch_list" || echo "CPU ops")
-  log "building $mmcv_dist $mmcv_release with $target, $max_jobs jobs (the CPU ops take about a quarter of an hour" \
-    "on 2 cores; cached in $wheels)"
+  log "building $mmcv_dist $mmcv_release with $target, $max_jobs jobs (the CPU ops took 8-9 minutes on 2 cores;" \
+    "cached in $wheels)"
   build=$(mktemp -d)
   trap 'rm -rf "$build"' EXIT
   # packages installed since the first line may have moved setuptools past 81 (pkg_resources is gone in 82)
