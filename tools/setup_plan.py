@@ -11,8 +11,9 @@ Standard library only: it runs before anything is installed, under any Python th
                                                      setup_env.sh acts on
 
 mmcv is built with its CUDA ops when CUDA is the target: torch is a CUDA build and ``FORCE_CUDA=1`` is set, or a GPU
-is visible, or (the ``--user`` set-up, as on a cluster's login node) an ``nvcc`` is found (``$CUDA_HOME/bin``, then
-``PATH``); ``FORCE_CUDA=0`` asks for CPU-only ops whatever is there. The architectures come from
+is visible, or it is the ``--user`` set-up (as on a cluster's login node, for the GPU nodes); the build then needs an
+``nvcc`` (``$CUDA_HOME/bin``, then ``PATH``), and without one the plan stops. ``FORCE_CUDA=0`` asks for CPU-only ops
+whatever is there. The architectures come from
 ``TORCH_CUDA_ARCH_LIST``, else from the visible GPUs, else from :func:`default_archs` (what a cluster of V100 to
 Blackwell GPUs needs, limited to what torch's CUDA compiles for).
 ``MAX_JOBS`` (parallel compiler jobs) defaults to the cores. Built wheels are cached under
@@ -229,7 +230,7 @@ class Plan:
 
 
 def _cuda_target(found: Probe, env: Mapping[str, str], nvcc: Optional[str], user: bool = True) -> Tuple[bool, str]:
-    """Whether mmcv's CUDA ops are the target, and why. An nvcc without a GPU makes CUDA the target of the user
+    """Whether mmcv's CUDA ops are the target, and why. A CUDA torch without a GPU makes CUDA the target of the user
     set-up (a login node installs for the GPUs of its compute nodes), not of the development set-up, whose tests
     run on this machine: a CPU machine whose image carries a CUDA toolkit would otherwise compile the CUDA
     kernels for every architecture on its few cores."""
