@@ -31,7 +31,7 @@ ONEDL_PYTHON ?= $(shell for p in python3.12 $$(pyenv root 2>/dev/null)/versions/
 	$$p -c '' 2>/dev/null && { echo $$p; break; }; done)
 ONEDL_TESTS := tests/test_stack.py tests/test_install_check.py tests/test_backbone_contract.py \
 	tests/test_configs.py tests/test_checkpoint.py tests/test_safe_load.py tests/test_preflight.py \
-	tests/test_resume.py tests/test_mid_epoch.py tests/test_demo_journey.py \
+	tests/test_resume.py tests/test_mid_epoch.py tests/test_demo_journey.py tests/test_cluster.py \
 	"tests/test_reliability.py::test_killed_runs_resume_bitwise_exactly" \
 	"tests/test_reliability.py::test_killed_epoch_based_run_resumes_inside_the_epoch_bitwise_exactly" \
 	"tests/test_demo_train.py::test_demo_command_trains_the_real_model"

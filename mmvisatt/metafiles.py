@@ -182,9 +182,11 @@ def weights_page(config_dir: str) -> str:
              'those, not this. -->', '',
              "Every dense config starts its backbone from the preset's ImageNet weights "
              "(`model.backbone.init_cfg.checkpoint`). A file the authors released as a direct download is named by "
-             "its URL: the first run downloads it once into torch's hub cache (`$TORCH_HOME/hub/checkpoints`, "
-             'default `~/.cache/torch/hub/checkpoints`; in a distributed run rank 0 downloads and the others wait), '
-             'then it goes through the converter and the load report as a local file does. A file behind Google '
+             "its URL: the pre-flight of the first run downloads it once (timeouts, retries, checked before it is "
+             'kept) into a cache keyed by the whole URL (`$TORCH_HOME/hub/checkpoints/mmvisatt/<hash of the URL>/`, '
+             'default `~/.cache/torch/hub/checkpoints/...`; the first process per cache downloads and the others '
+             'wait; [reliability.md](reliability.md#checkpoints-named-by-url)), then it goes through the converter '
+             'and the load report as a local file does. A file behind Google '
              'Drive or Baidu Pan is a local path under `checkpoints/`: download it there by hand (the pre-flight '
              'names the file and where to get it when it is missing; [below](#on-a-node-without-a-browser), the '
              'commands for Google Drive). Where no weights were released, train the preset\'s ImageNet config first '

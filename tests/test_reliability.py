@@ -93,7 +93,7 @@ def _run(config: str, work_dir, options, procs: int = 1, extra=(), expect_kill: 
          env=None):
     """tools/train.py (or tools/dist_train.sh) in a subprocess, one thread per process: bitwise comparisons need
     the same thread count in every run."""
-    env = dict(os.environ, OMP_NUM_THREADS='1', PYTHON=sys.executable, PORT=str(_free_port()), **(env or {}))
+    env = {**os.environ, 'OMP_NUM_THREADS': '1', 'PYTHON': sys.executable, 'PORT': str(_free_port()), **(env or {})}
     if procs == 1:
         cmd = [sys.executable, osp.join(REPO, 'tools', 'train.py'), config]
     else:
@@ -112,7 +112,9 @@ def _run(config: str, work_dir, options, procs: int = 1, extra=(), expect_kill: 
             _kill_leftovers(str(work_dir))
     with open(log_file) as f:
         log = f.read()
-    if expect_kill:
+    if expect_kill is not False and expect_kill is not True:  # an exact exit status
+        assert returncode == expect_kill, f'exit status {returncode}:\n' + log[-6000:]
+    elif expect_kill:
         assert returncode != 0, 'the fault was not injected:\n' + log[-3000:]
     else:
         assert returncode == 0, log[-6000:]

@@ -32,20 +32,24 @@ def test_direct_downloads_are_urls_and_manual_files_say_where_to_get_them():
 
 
 class _Server:
-    """A file server on 127.0.0.1 that counts the requests for each path."""
+    """A file server on 127.0.0.1 that records the requests. ``files[path]`` is the body to serve, or a list of
+    ``(status, body)`` answers, one per request (the last one repeats); other paths get a 404."""
 
     def __init__(self, files: dict):
         self.requests = []
+        self.files = files
         server = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_GET(self):
                 server.requests.append(self.path)
-                body = files.get(self.path)
+                body, status = files.get(self.path), 200
+                if isinstance(body, list):
+                    status, body = body.pop(0) if len(body) > 1 else body[0]
                 if body is None:
                     self.send_error(404)
                     return
-                self.send_response(200)
+                self.send_response(status)
                 self.send_header('Content-Length', str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)
@@ -90,8 +94,10 @@ def test_a_url_init_cfg_is_downloaded_once_converted_and_reported(served_backbon
     train_main([tiny_det_config, '--demo', '--work-dir', str(tmp_path / 'run'), '--cfg-options',
                 f'model.backbone.init_cfg.checkpoint={url}', 'train_cfg.max_iters=1',
                 'val_dataloader.dataset.indices=2', 'visualizer.name=url_init'])
-    cached = tmp_path / 'torch_home' / 'hub' / 'checkpoints' / 'reswin_tiny_release.pth'
-    assert cached.is_file()
+    from mmvisatt.checkpoint import url_cache_path
+    cached = url_cache_path(url)
+    assert cached.startswith(str(tmp_path / 'torch_home' / 'hub' / 'checkpoints' / 'mmvisatt')) and osp.isfile(cached)
+    assert osp.basename(cached) == 'reswin_tiny_release.pth'
     reports = [line for line in lines if line.startswith('Loaded ')]
     assert len(reports) == 1 and url in reports[0], reports
     assert '(mmvisatt layout)' in reports[0] and 'newly initialised' in reports[0], reports[0]

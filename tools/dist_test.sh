@@ -9,11 +9,12 @@ CHECKPOINT=$2
 GPUS=$3
 NNODES=${NNODES:-1}
 NODE_RANK=${NODE_RANK:-0}
-PORT=${PORT:-29500}
 MASTER_ADDR=${MASTER_ADDR:-"127.0.0.1"}
+PYTHON=${PYTHON:-python}
+. "$(dirname "$0")/dist_port.sh"
 
 PYTHONPATH="$(dirname "$0")/..${PYTHONPATH:+:$PYTHONPATH}" \
-${PYTHON:-python} -m torch.distributed.run \
+"$PYTHON" -m torch.distributed.run \
     --nnodes="$NNODES" \
     --node_rank="$NODE_RANK" \
     --master_addr="$MASTER_ADDR" \

@@ -3,17 +3,19 @@
 Importing this package changes nothing outside it: :mod:`mmvisatt.engine` makes
 :func:`~.safe_load.load_checkpoint_file` mmengine's loader for local files.
 """
+from .download import CheckpointDownloadError, download_checkpoint, url_cache_path
 from .loading import (CheckpointMismatchError, LoadReport, NotACheckpointError, convert_backbone_layout,
                       convert_checkpoint_file, convert_state_dict, deeper_model_keys, file_head, load_into,
                       load_pretrained, not_a_checkpoint, read_checkpoint, register_converter, registered_families,
                       unwrap_state_dict)
 from .safe_load import (PickledRecord, UnsafeCheckpointError, allowing_stand_ins, checkpoint_globals,
-                        download_checkpoint, load_checkpoint_file, register_mmengine_loader)
+                        load_checkpoint_file, register_mmengine_loader)
 
 __all__ = [
     'CheckpointMismatchError', 'LoadReport', 'NotACheckpointError', 'convert_backbone_layout',
     'convert_checkpoint_file', 'convert_state_dict', 'deeper_model_keys', 'file_head',
     'load_into', 'load_pretrained', 'not_a_checkpoint', 'read_checkpoint', 'register_converter',
     'registered_families', 'unwrap_state_dict', 'PickledRecord', 'UnsafeCheckpointError', 'allowing_stand_ins',
-    'checkpoint_globals', 'download_checkpoint', 'load_checkpoint_file', 'register_mmengine_loader'
+    'checkpoint_globals', 'download_checkpoint', 'CheckpointDownloadError', 'url_cache_path', 'load_checkpoint_file',
+    'register_mmengine_loader'
 ]

@@ -17,7 +17,8 @@ import torch
 from mmengine.logging import print_log
 from mmengine.runner.checkpoint import CheckpointLoader
 
-from .safe_load import download_checkpoint, load_checkpoint_file
+from .download import download_checkpoint
+from .safe_load import load_checkpoint_file
 
 StateDict = Dict[str, torch.Tensor]
 # A family's key map: foreign (official / timm / mmdet) keys -> mm-style keys ('backbone.*', 'head.fc.*') and the
@@ -112,8 +113,8 @@ def not_a_checkpoint(path: str, head: Optional[bytes] = None) -> Optional[str]:
 
 
 def read_checkpoint(path: str, map_location: str = 'cpu') -> dict:
-    """Read a local file, or an ``http(s)://`` URL downloaded once into torch's hub cache; a missing local file or
-    one that is no checkpoint gets an error that says how to provide it."""
+    """Read a local file, or an ``http(s)://`` URL downloaded once into the cache (:mod:`.download`); a missing
+    local file or one that is no checkpoint gets an error that says how to provide it."""
     if path.startswith(('http://', 'https://')):
         path = download_checkpoint(path)
     elif '://' in path:  # another mmengine scheme (s3://, pavi://, ...): mmengine's loader for it
@@ -247,12 +248,13 @@ def load_into(module: torch.nn.Module, state_dict: Mapping[str, torch.Tensor], *
 
 
 def load_pretrained(module: torch.nn.Module, checkpoint, *, family: str, prefix: str = 'backbone.',
-                    allow_missing: Iterable[str] = ()) -> LoadReport:
+                    allow_missing: Iterable[str] = (), source: Optional[str] = None) -> LoadReport:
     """Load a checkpoint file/URL or an in-memory state dict of any supported layout into ``module``.
 
-    The checkpoint is converted to mm-style keys and the entries under ``prefix`` are loaded.
+    The checkpoint is converted to mm-style keys and the entries under ``prefix`` are loaded. ``source`` names a
+    state dict's file in the messages (a file or URL passed as ``checkpoint`` names itself).
     """
-    source = checkpoint if isinstance(checkpoint, str) else 'state dict'
+    source = checkpoint if isinstance(checkpoint, str) else (source or 'state dict')
     raw = read_checkpoint(checkpoint) if isinstance(checkpoint, str) else checkpoint
     converted, _, layout = convert_state_dict(unwrap_state_dict(raw), family)
     own = {k[len(prefix):]: v for k, v in converted.items() if k.startswith(prefix)}

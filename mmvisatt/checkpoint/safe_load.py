@@ -24,18 +24,15 @@ context): torch's process-wide allowlist, which other libraries in the process r
 import collections
 import contextlib
 import functools
-import os
 import os.path as osp
 import pickle
 import re
-import urllib.parse
 from types import FunctionType
-from typing import Any, Callable, Iterator, List, Optional, Tuple, Union
+from typing import Any, Callable, Iterator, List, Tuple, Union
 
 import numpy as np
 import torch
-from mmengine.dist import get_dist_info
-from mmengine.logging import HistoryBuffer, print_log
+from mmengine.logging import HistoryBuffer
 from mmengine.runner.checkpoint import CheckpointLoader
 
 SafeGlobal = Union[Callable, Tuple[Callable, str]]
@@ -159,30 +156,6 @@ def load_checkpoint_file(path: str, map_location: Any = 'cpu', mmap: bool = Fals
         raise
 
 
-def download_checkpoint(url: str, model_dir: Optional[str] = None) -> str:
-    """The local copy of the checkpoint at ``url``, downloaded on first use into torch's hub cache
-    (``$TORCH_HOME/hub/checkpoints``, where mmengine and timm keep theirs) under the URL's file name. In a distributed
-    run rank 0 downloads first and the others wait for it, then use its copy (or, on other nodes, download their
-    own)."""
-    model_dir = model_dir or osp.join(torch.hub.get_dir(), 'checkpoints')
-    cached = osp.join(model_dir, osp.basename(urllib.parse.urlparse(url).path) or 'checkpoint.pth')
-
-    def fetch() -> None:
-        if not osp.isfile(cached):
-            os.makedirs(model_dir, exist_ok=True)
-            print_log(f'Downloading {url} to {cached}', logger='current')
-            torch.hub.download_url_to_file(url, cached, progress=False)  # writes a temporary file, then renames
-
-    rank, world_size = get_dist_info()
-    if rank == 0:
-        fetch()
-    if world_size > 1:
-        torch.distributed.barrier()
-        if rank > 0:
-            fetch()
-    return cached
-
-
 def _mmengine_local_loader(filename: str, map_location: Any = None) -> Any:
     filename = osp.expanduser(filename)
     if not osp.isfile(filename):
@@ -191,6 +164,7 @@ def _mmengine_local_loader(filename: str, map_location: Any = None) -> Any:
 
 
 def _mmengine_url_loader(filename: str, map_location: Any = None) -> Any:
+    from .download import download_checkpoint  # (download imports this module)
     return load_checkpoint_file(download_checkpoint(filename), map_location)
 
 
@@ -205,5 +179,5 @@ def register_mmengine_loader() -> None:
 
 
 __all__ = ['UnsafeCheckpointError', 'PickledRecord', 'checkpoint_globals', 'allowing_stand_ins',
-           'load_checkpoint_file', 'download_checkpoint', 'register_mmengine_loader', 'unsafe_message',
+           'load_checkpoint_file', 'register_mmengine_loader', 'unsafe_message',
            'history_buffer_method']

@@ -14,6 +14,7 @@ the entropy-coded data every ``FF`` byte is followed by ``00`` or a restart mark
 image data has no ``FF D9`` after its last ``FF DA``. Bytes some writers append after the marker are allowed. A PNG
 is complete when it has its ``IEND`` chunk. Other formats pass as they are.
 """
+import logging
 import os
 import os.path as osp
 from typing import Callable, Optional
@@ -22,6 +23,7 @@ import mmcv
 import numpy as np
 from mmcv.transforms import LoadImageFromFile
 from mmengine import fileio
+from mmengine.logging import print_log
 from mmengine.registry import TRANSFORMS
 
 _JPEG_SOI, _JPEG_EOI, _JPEG_SOS = b'\xff\xd8\xff', b'\xff\xd9', b'\xff\xda'
@@ -124,4 +126,33 @@ class LoadCheckedImageFromFile(LoadImageFromFile):
         return results
 
 
-__all__ = ['IMAGE_LOADERS', 'LoadCheckedImageFromFile', 'CorruptImageError', 'bytes_truncation', 'image_truncation']
+@TRANSFORMS.register_module()
+class CheckImageIntegrity(LoadCheckedImageFromFile):
+    """Deprecated: the name of the truncation check that configs of earlier versions place after
+    ``LoadImageFromFile``. It is :class:`LoadCheckedImageFromFile` now (same arguments), warning once. Placed after a
+    loader, as those configs have it, it keeps that loader's image and only checks the file, as it used to."""
+
+    _warned = False
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        if not CheckImageIntegrity._warned:
+            CheckImageIntegrity._warned = True
+            print_log("CheckImageIntegrity is deprecated: LoadCheckedImageFromFile loads and checks each image in one "
+                      "read. In the config's pipelines, replace dict(type='LoadImageFromFile', ...) followed by "
+                      "dict(type='CheckImageIntegrity', ...) with dict(type='LoadCheckedImageFromFile', ...) (same "
+                      "arguments).", logger='current', level=logging.WARNING)
+
+    def transform(self, results: dict) -> Optional[dict]:
+        path = results.get('img_path')
+        if 'img' not in results:
+            return super().transform(results)
+        if isinstance(path, str):
+            problem = image_truncation(path, self.backend_args)
+            if problem is not None:
+                raise CorruptImageError(truncated_image_message(path, problem))
+        return results
+
+
+__all__ = ['IMAGE_LOADERS', 'LoadCheckedImageFromFile', 'CheckImageIntegrity', 'CorruptImageError',
+           'bytes_truncation', 'image_truncation']

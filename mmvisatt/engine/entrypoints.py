@@ -23,14 +23,15 @@ from mmengine.device import get_device
 from mmengine.logging import print_log
 from mmengine.runner import Runner
 
-from mmvisatt.checkpoint import CheckpointMismatchError, UnsafeCheckpointError
+from mmvisatt.checkpoint import CheckpointDownloadError, CheckpointMismatchError, UnsafeCheckpointError
 from . import preflight
 from .demo import to_demo_config
 from .guards import NonFiniteLossError
 from .mid_epoch import MidEpochResumeError
 from .preflight import (AnnotationError, ConfigKeyError, CorruptCheckpointError, CorruptImageError,
-                        MissingCheckpointError, MissingDataError)
-from .reliability import CheckpointWriteError, add_custom_hooks, enable_reliable_training
+                        MissingCheckpointError, MissingDataError, WorkDirInUseError)
+from .reliability import (CheckpointWriteError, NothingToResumeError, TrainingPreempted, add_custom_hooks,
+                          enable_reliable_training, handling_preemption)
 
 LAUNCHERS = ('none', 'pytorch', 'slurm', 'mpi')
 
@@ -371,15 +372,16 @@ def _run_errors_explained(cfg: Config):
 
 def train_main(argv: Optional[Sequence[str]] = None) -> Runner:
     cfg = prepare_train(argv)
-    setup_distributed(cfg)
-    runner = build_runner(cfg, cfg.default_scope)
-    if cfg.get('resume') and cfg.get('load_from'):
-        preflight.check_checkpoint_fits(
-            runner.model, cfg.load_from,
-            hint='--resume continues the model the checkpoint was saved from; to train another head or class count '
-            'from its weights, pass --cfg-options load_from=PATH instead.')
-    with _run_errors_explained(cfg):
-        runner.train()
+    with preflight.claim_work_dir(cfg.work_dir):
+        setup_distributed(cfg)
+        runner = build_runner(cfg, cfg.default_scope)
+        if cfg.get('resume') and cfg.get('load_from'):
+            preflight.check_checkpoint_fits(
+                runner.model, cfg.load_from,
+                hint='--resume continues the model the checkpoint was saved from; to train another head or class '
+                'count from its weights, pass --cfg-options load_from=PATH instead.')
+        with _run_errors_explained(cfg), handling_preemption(runner):
+            runner.train()
     return runner
 
 
@@ -418,12 +420,19 @@ def test_main(argv: Optional[Sequence[str]] = None) -> dict:
 
 def run_tool(main: Callable[[Optional[Sequence[str]]], Any], argv: Optional[Sequence[str]] = None) -> None:
     """Run ``main`` as a command: bad input (missing or corrupt data, checkpoints, misspelled options, a mid-epoch
-    resume under another data layout) and a non-finite loss end it with their message, not a traceback."""
+    resume under another data layout) and a non-finite loss end it with their message, not a traceback; a run stopped
+    by SIGTERM / SIGUSR1 says where its checkpoint is and exits with the status the signal would have given."""
     try:
         main(argv)
+    except TrainingPreempted as stop:
+        from mmengine.dist import get_rank
+        if get_rank() == 0:
+            print(f'stopped: {stop}', file=sys.stderr, flush=True)
+        sys.exit(stop.code)
     except (MissingDataError, MissingCheckpointError, NonFiniteLossError, ConfigKeyError, ConfigFileError,
             AnnotationError, CorruptCheckpointError, CheckpointMismatchError, CorruptImageError, UnsafeCheckpointError,
-            MidEpochResumeError, CheckpointWriteError) as error:
+            MidEpochResumeError, CheckpointWriteError, WorkDirInUseError, CheckpointDownloadError,
+            NothingToResumeError) as error:
         sys.exit(f'error: {error}')
 
 

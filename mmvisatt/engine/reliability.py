@@ -16,6 +16,9 @@ file, or with none at all; ``find_latest_checkpoint`` then resumes from whatever
   an uninterrupted one (bitwise on CPU with ``randomness=dict(seed=..., deterministic=True)`` and an
   ``IterBasedTrainLoop``). mmengine restores everything else: weights, optimizer, schedulers, message hub, and for an
   ``IterBasedTrainLoop`` the data position (it replays the dataloader up to the checkpointed iteration).
+* :class:`PreemptionHook` turns SIGTERM (what Slurm sends on preemption and at the time limit) and SIGUSR1
+  (``sbatch --signal=USR1@SECONDS``) into a checkpoint at the next iteration boundary on every rank and a clean exit
+  (:class:`TrainingPreempted`); ``--resume`` continues exactly from it.
 * :class:`FaultInjectionHook` kills the process at a chosen iteration or in the middle of a checkpoint write, to
   test all of the above.
 """
@@ -29,13 +32,14 @@ import re
 import shutil
 import signal
 import tempfile
+import threading
 import zipfile
 from typing import Any, Dict, List, Optional, Tuple, Union
 
 import numpy as np
 import torch
 from mmengine.config import Config, ConfigDict
-from mmengine.dist import all_gather_object, get_rank, get_world_size
+from mmengine.dist import all_gather_object, all_reduce, get_rank, get_world_size
 from mmengine.fileio import LocalBackend, register_backend
 from mmengine.hooks import CheckpointHook, Hook
 from mmengine.logging import print_log
@@ -169,6 +173,7 @@ class AtomicCheckpointHook(CheckpointHook):
                              f'or -1, got {mid_epoch_interval} and {mid_epoch_max_keep}')
         self.mid_epoch_interval, self.mid_epoch_max_keep = mid_epoch_interval, mid_epoch_max_keep
         self._mid_epoch_steps: List[int] = []
+        self._saved_iter = -1  # the iteration of the newest checkpoint this hook wrote
 
     def before_train(self, runner) -> None:
         super().before_train(runner)
@@ -193,6 +198,11 @@ class AtomicCheckpointHook(CheckpointHook):
             # mmengine wrote it in place; make it durable too before anything old is deleted
             atomic_write(self.last_ckpt.encode(), last)
         deferred.flush()
+        self._saved_iter = int(meta['iter'])
+
+    def saves_at_epoch_end(self, runner, batch_idx: int) -> bool:
+        """Whether this iteration ends an epoch whose checkpoint (if any) :meth:`after_train_epoch` writes."""
+        return self.by_epoch and batch_idx + 1 == len(runner.train_loop.dataloader)
 
     def saves_mid_epoch(self, runner, batch_idx: int) -> bool:
         """Whether :meth:`after_train_iter` writes a mid-epoch checkpoint after this iteration."""
@@ -206,6 +216,26 @@ class AtomicCheckpointHook(CheckpointHook):
             runner.logger.info(f'Saving checkpoint at {runner.iter + 1} iterations (inside epoch '
                                f'{runner.epoch + 1})')
             self._save_mid_epoch_checkpoint(runner)
+        preemption = _stopping(runner)
+        if preemption is None or self.saves_at_epoch_end(runner, batch_idx):
+            return
+        if self._saved_iter != runner.iter + 1:
+            runner.logger.info(f'{preemption.signal_name}: saving checkpoint at {runner.iter + 1} iterations')
+            if self.by_epoch:
+                self._save_mid_epoch_checkpoint(runner)
+            else:
+                self._save_checkpoint(runner)
+        raise preemption.stopped(runner, self.last_ckpt, runner.iter + 1)
+
+    def after_train_epoch(self, runner) -> None:
+        super().after_train_epoch(runner)
+        preemption = _stopping(runner)
+        if preemption is None or not self.by_epoch:
+            return
+        if self._saved_iter != runner.iter:
+            runner.logger.info(f'{preemption.signal_name}: saving checkpoint at {runner.epoch + 1} epochs')
+            self._save_checkpoint(runner)
+        raise preemption.stopped(runner, self.last_ckpt, runner.iter)
 
     def _save_mid_epoch_checkpoint(self, runner) -> None:
         """``iter_N.pth``, atomically as every checkpoint; the oldest beyond ``mid_epoch_max_keep`` is deleted once
@@ -223,6 +253,7 @@ class AtomicCheckpointHook(CheckpointHook):
         runner.save_checkpoint(self.out_dir, name, self.file_client_args, save_optimizer=self.save_optimizer,
                                save_param_scheduler=self.save_param_scheduler, meta=dict(epoch=runner.epoch, iter=step),
                                by_epoch=False, backend_args=self.backend_args, **self.args)
+        self._saved_iter = step
         if runner.rank != 0:
             return
         atomic_write(self.last_ckpt.encode(), osp.join(runner.work_dir, 'last_checkpoint'))
@@ -296,11 +327,30 @@ def find_resumable_checkpoint(work_dir: str) -> Tuple[Optional[str], List[Tuple[
     return None, skipped
 
 
+class NothingToResumeError(FileNotFoundError):
+    """``--resume``: the work dir's ``last_checkpoint`` names a checkpoint, and no complete one is left."""
+
+
 def resolve_auto_resume(cfg: Config) -> Config:
-    """``--resume auto``: resume from :func:`find_resumable_checkpoint` of ``cfg.work_dir``, or start afresh."""
+    """``--resume auto``: resume from :func:`find_resumable_checkpoint` of ``cfg.work_dir``; start afresh where
+    there is none (a new work dir, or only incomplete files, each named in a warning); stop
+    (:class:`NothingToResumeError`) where ``last_checkpoint`` names a file that was deleted and none is left, instead
+    of silently training from the start over the run's history."""
     found, skipped = find_resumable_checkpoint(cfg.work_dir)
     for path, problem in skipped:
         print_log(f'--resume: skipping {path}: {problem}', logger='current', level=30)
+    last_file = osp.join(cfg.work_dir, 'last_checkpoint')
+    named = ''
+    if found is None and osp.isfile(last_file):
+        with open(last_file) as f:
+            named = f.read().strip()
+    if named and not osp.isfile(named):
+        raise NothingToResumeError(
+            f'--resume: {last_file} names {named}, which no longer exists, and {cfg.work_dir} holds no other complete '
+            f'checkpoint{" (skipped: " + ", ".join(osp.basename(p) for p, _ in skipped) + ")" if skipped else ""}. '
+            f'Starting over would overwrite last_checkpoint and the run\'s history. To resume, put the checkpoint '
+            f'back (or pass --resume PATH of a copy); to train from the start in this work dir, delete {last_file} '
+            f'or run without --resume.')
     if found is None:
         print_log(f'--resume: no complete checkpoint in {cfg.work_dir}; training from the start', logger='current')
         # resume=True without a path makes mmengine read last_checkpoint, harmless only when there is none
@@ -325,7 +375,7 @@ def enable_reliable_training(cfg: Config, resume: Optional[str] = None) -> Confi
     checkpoint = (cfg.get('default_hooks') or {}).get('checkpoint')
     if isinstance(checkpoint, dict) and checkpoint.get('type') in ('CheckpointHook', 'mmengine.CheckpointHook'):
         checkpoint['type'] = 'AtomicCheckpointHook'
-    return add_custom_hooks(cfg, 'ExactResumeHook', 'ChannelCheckHook', 'BackboneLayoutHook')
+    return add_custom_hooks(cfg, 'ExactResumeHook', 'PreemptionHook', 'ChannelCheckHook', 'BackboneLayoutHook')
 
 
 def add_custom_hooks(cfg: Config, *types: str) -> Config:
@@ -393,8 +443,112 @@ class _RestoreAfter:
         self._loop.dataloader_iterator = self._inner
 
 
-def _checkpoint_due_after_iter(runner, batch_idx: int) -> bool:
+class TrainingPreempted(SystemExit):
+    """The run was asked to stop (SIGTERM / SIGUSR1) and saved a checkpoint first; ``code`` is the exit status a
+    process ended by that signal has (128 + its number), the message says where the checkpoint is."""
+
+    def __init__(self, message: str, signum: int) -> None:
+        super().__init__(128 + signum)
+        self.message, self.signum = message, signum
+
+    def __str__(self) -> str:
+        return self.message
+
+
+PREEMPTION_SIGNALS = ('SIGTERM', 'SIGUSR1')
+
+
+@HOOKS.register_module()
+class PreemptionHook(Hook):
+    """Stop on SIGTERM or SIGUSR1 with a checkpoint, instead of dying with the work since the last one.
+
+    Slurm sends SIGTERM when it preempts a job or its time is up, and SIGKILL ``KillWait`` seconds later (30 by
+    default); with ``sbatch --signal=USR1@SECONDS`` it sends SIGUSR1 that many seconds before the time limit. The
+    handler (installed by :func:`handling_preemption` around ``runner.train()``) only records the signal; at the
+    next iteration boundary at which the ranks compare notes, every rank stops at the same iteration,
+    :class:`AtomicCheckpointHook` writes the checkpoint there (inside an epoch: a mid-epoch checkpoint, which
+    ``ResumableEpochBasedTrainLoop`` resumes exactly; at an epoch's end: the epoch checkpoint), and the run ends with
+    :class:`TrainingPreempted`.
+
+    Args:
+        sync_interval: with several processes, the ranks all-reduce their flag (one int32, one host sync) every this
+            many iterations and stop at the first such iteration after any rank got the signal; a single process
+            checks its flag (a Python bool) after every iteration.
+    """
+
+    priority = 'NORMAL'  # before ExactResumeHook ('LOW') captures the RNG states for the checkpoint
+
+    def __init__(self, sync_interval: int = 10) -> None:
+        if sync_interval < 1:
+            raise ValueError(f'PreemptionHook: sync_interval must be >= 1, got {sync_interval}')
+        self.sync_interval = sync_interval
+        self.received: Optional[int] = None
+        self.stopping: Optional[int] = None  # the signal the ranks agreed to stop on
+
+    @property
+    def signal_name(self) -> str:
+        return signal.Signals(self.stopping or self.received or signal.SIGTERM).name
+
+    def request(self, signum: int, frame: Any = None) -> None:
+        """The signal handler: remember the signal; the hook acts on it at an iteration boundary."""
+        if self.received is None:
+            self.received = signum
+            print_log(f'{signal.Signals(signum).name} received: saving a checkpoint at the next iteration boundary, '
+                      'then stopping', logger='current', level=30)
+
+    def before_train(self, runner) -> None:
+        if not any(isinstance(h, AtomicCheckpointHook) for h in runner.hooks):
+            raise ValueError('PreemptionHook needs AtomicCheckpointHook as default_hooks.checkpoint (tools/train.py '
+                             'swaps it in for CheckpointHook); without it a signal would end the run unsaved')
+
+    def after_train_iter(self, runner, batch_idx: int, data_batch=None, outputs=None) -> None:
+        if self.stopping is not None:
+            return
+        if get_world_size() == 1:
+            self.stopping = self.received
+        elif self.every_n_train_iters(runner, self.sync_interval):
+            flags = torch.tensor([self.received or 0], dtype=torch.int32)
+            all_reduce(flags, op='max')
+            self.stopping = int(flags.item()) or None
+
+    def stopped(self, runner, checkpoint: str, iteration: int) -> TrainingPreempted:
+        """The exception that ends the run, saying where the checkpoint of ``iteration`` (1-based) is."""
+        return TrainingPreempted(
+            f'{self.signal_name} at iteration {iteration}: saved {checkpoint}. Run the same command with '
+            f'--resume to continue from it (tools/train.py CONFIG --work-dir {runner.work_dir} --resume).',
+            int(self.stopping))
+
+
+def _stopping(runner) -> Optional[PreemptionHook]:
+    """The run's :class:`PreemptionHook` if its ranks have agreed to stop, else None."""
     for hook in runner.hooks:
+        if isinstance(hook, PreemptionHook) and hook.stopping is not None:
+            return hook
+    return None
+
+
+@contextlib.contextmanager
+def handling_preemption(runner):
+    """Route SIGTERM and SIGUSR1 to the runner's :class:`PreemptionHook` while the block runs (main thread only:
+    Python delivers signals there); the previous handlers are put back afterwards."""
+    hook = next((h for h in runner.hooks if isinstance(h, PreemptionHook)), None)
+    if hook is None or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    signums = [getattr(signal, name) for name in PREEMPTION_SIGNALS]
+    previous = {s: signal.signal(s, hook.request) for s in signums}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def _checkpoint_due_after_iter(runner, batch_idx: int) -> bool:
+    stopping = _stopping(runner) is not None
+    for hook in runner.hooks:
+        if stopping and isinstance(hook, AtomicCheckpointHook) and not hook.saves_at_epoch_end(runner, batch_idx):
+            return True  # the preemption checkpoint
         if isinstance(hook, AtomicCheckpointHook) and hook.saves_mid_epoch(runner, batch_idx):
             return True
         if isinstance(hook, CheckpointHook) and not hook.by_epoch:
@@ -415,7 +569,9 @@ class ExactResumeHook(Hook):
     * ``IterBasedTrainLoop``: right after mmengine has replayed the dataloader up to the checkpointed iteration,
       i.e. where the uninterrupted run stood when it saved (replaying consumes random numbers in data loading);
     * ``ResumableEpochBasedTrainLoop`` resumed inside an epoch: right after it has started the epoch's dataloader
-      iterator (past the consumed batches), where the interrupted run stood when it saved;
+      iterator (past the consumed batches), where the interrupted run stood when it saved; at an epoch boundary with
+      persistent dataloader workers also after the iterator has started (starting the workers draws their base
+      seed from the main generator, which the uninterrupted run, reusing its workers, does not);
     * other epoch-based loops: at the start of the resumed epoch. mmengine's ``EpochBasedTrainLoop`` resumes at
       epoch boundaries only; a checkpoint from the middle of an epoch restarts that epoch, so that resume is not
       exact and a warning says so.
@@ -467,6 +623,12 @@ class ExactResumeHook(Hook):
         if hasattr(loop, 'rng_states_after_iterator') and loop.resumed_batches():
             # ResumableEpochBasedTrainLoop continuing inside the epoch: the states were taken after the epoch's
             # dataloader iterator had started
+            loop.rng_states_after_iterator = mine
+            return
+        if hasattr(loop, 'rng_states_after_iterator') and loop.dataloader.num_workers > 0 and \
+                loop.dataloader.persistent_workers:
+            # at an epoch boundary: the uninterrupted run reuses its persistent workers for the next epoch, drawing
+            # nothing from the main generator, while this run starts them, which draws their base seed
             loop.rng_states_after_iterator = mine
             return
         if runner.iter != runner.epoch * len(loop.dataloader):
@@ -526,4 +688,6 @@ class FaultInjectionHook(Hook):
 
 __all__ = ['atomic_write', 'AtomicLocalBackend', 'AtomicCheckpointHook', 'checkpoint_problem',
            'find_resumable_checkpoint', 'resolve_auto_resume', 'enable_reliable_training', 'get_rng_states',
-           'set_rng_states', 'ExactResumeHook', 'FaultInjectionHook', 'ATOMIC_BACKEND', 'add_custom_hooks']
+           'set_rng_states', 'ExactResumeHook', 'FaultInjectionHook', 'PreemptionHook', 'TrainingPreempted',
+           'NothingToResumeError',
+           'handling_preemption', 'ATOMIC_BACKEND', 'add_custom_hooks']

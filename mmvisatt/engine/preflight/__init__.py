@@ -8,7 +8,9 @@ instead of minutes later inside a dataloader worker or a weight initialiser. ``t
 
 1. the config's keys (:mod:`.config`): 2.x keys, top-level typos, misspelled ``--cfg-options`` keys;
 2. the data (:mod:`.data`): datasets on disk, evaluator files, classes against heads and annotation contents;
-3. the checkpoints (:mod:`.checkpoints`): ``Pretrained`` inits, ``--resume``, ``load_from``, read as data.
+3. the checkpoints (:mod:`.checkpoints`): ``Pretrained`` inits, ``--resume``, ``load_from``, read as data;
+4. for training, the work dir (:mod:`.work_dir`): no other run is training in it (:func:`claim_work_dir`, held by
+   ``train_main`` while the run lasts).
 
 What only the built model can tell (a checkpoint's fit, the neck's input channels) is checked after the build
 (:func:`check_checkpoint_fits`, :class:`~mmvisatt.engine.hooks.ChannelCheckHook`).
@@ -21,13 +23,14 @@ from mmengine.config import Config
 
 from .checkpoints import (CorruptCheckpointError, MissingCheckpointError, check_checkpoint_file,
                           check_checkpoint_fits, check_load_from_fits, check_model_files, check_pretrained,
-                          check_resume_file, missing_local_file, pretrained_inits)
+                          check_resume_file, fetch_url, is_url, missing_local_file, pretrained_inits)
 from .config import (LEGACY_KEYS, ConfigKeyError, check_cfg_options, check_compile_memory_paths, check_format_only,
                      check_legacy_keys, check_top_level_keys, explain_build_error)
 from .data import (DROPPED_ERROR_FRACTION, DROPPED_WARN_FRACTION, MAX_CHECKED_ANN_BYTES, SAMPLE, AnnotationError,
                    CorruptImageError, MissingDataError,
                    check_coco_annotations, check_data, check_dataset_contents, check_evaluator_files,
                    explain_image_error, head_num_classes, image_dir, image_dirs, leaf_datasets)
+from .work_dir import WorkDirInUseError, WorkDirLock, claim_work_dir
 
 
 class InferenceError(ValueError):
@@ -69,6 +72,8 @@ def check_test(cfg: Config, scope: str, config_file: str, options: Optional[Dict
     check_config_keys(cfg, config_file, options, unmerged)
     check_format_only(cfg, ('test_evaluator', ))
     checkpoint = cfg.load_from
+    if is_url(checkpoint):
+        checkpoint = fetch_url(checkpoint, 'checkpoint')
     if missing_local_file(checkpoint):
         raise FileNotFoundError(f'checkpoint not found: {checkpoint}')
     check_checkpoint_file(checkpoint, 'Checkpoint', 'Pass a complete checkpoint file.', zip_only=True)
@@ -98,4 +103,6 @@ __all__ = ['check_train', 'check_test', 'check_infer', 'check_config_keys', 'che
            'check_evaluator_files', 'check_coco_annotations', 'check_dataset_contents', 'head_num_classes',
            'explain_image_error', 'image_dir', 'image_dirs', 'leaf_datasets', 'check_pretrained',
            'check_resume_file', 'check_checkpoint_file', 'check_load_from_fits', 'check_model_files',
-           'pretrained_inits', 'missing_local_file', 'check_compile_memory_paths', 'check_format_only']
+           'pretrained_inits', 'missing_local_file', 'fetch_url', 'is_url', 'check_compile_memory_paths',
+           'check_format_only',
+           'WorkDirInUseError', 'WorkDirLock', 'claim_work_dir']

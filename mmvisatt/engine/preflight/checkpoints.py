@@ -9,8 +9,9 @@ from typing import Any, Iterator, Optional, Tuple
 import torch
 from mmengine.config import Config
 
-from mmvisatt.checkpoint import (CheckpointMismatchError, convert_state_dict, file_head, load_checkpoint_file,
-                                 not_a_checkpoint, unwrap_state_dict)
+from mmvisatt.checkpoint import (CheckpointDownloadError, CheckpointMismatchError, convert_state_dict,
+                                 download_checkpoint, file_head, load_checkpoint_file, not_a_checkpoint,
+                                 unwrap_state_dict)
 from mmvisatt.checkpoint.fit import classes_hint, weights_fit_problem
 from mmvisatt.checkpoint.loading import abbreviate
 from ..reliability import checkpoint_problem
@@ -39,16 +40,34 @@ def pretrained_inits(node: Any, path: str = 'model') -> Iterator[Tuple[str, dict
             yield from pretrained_inits(value, f'{path}.{i}')
 
 
-def check_pretrained(cfg: Config) -> None:
-    """Raise :class:`MissingCheckpointError` if a local ``Pretrained`` checkpoint is missing.
+def is_url(path: Any) -> bool:
+    return isinstance(path, str) and path.startswith(('http://', 'https://'))
 
-    URLs and other schemes (``https://``, ``open-mmlab://``) are left to mmengine, which downloads them. A config
-    can say where its default checkpoint comes from in a top-level ``pretrained_source`` string, printed when the
-    missing file is the config's own ``pretrained`` path, and name a Google Drive file id in ``pretrained_gdown``,
-    printed as the command that fetches it on a node without a browser.
+
+def fetch_url(url: str, where: str) -> str:
+    """Download (or find in the cache) the checkpoint ``url`` that ``where`` names, checked to open
+    (:func:`~mmvisatt.checkpoint.download_checkpoint`): a 404, a web page or a dead host stops the run here, before
+    the Runner is built. Every process of a run calls it; the first one per cache downloads, the others wait."""
+    try:
+        return download_checkpoint(url)
+    except CheckpointDownloadError as error:
+        raise CheckpointDownloadError(f'{where}: {error}') from None
+
+
+def check_pretrained(cfg: Config) -> None:
+    """Raise :class:`MissingCheckpointError` if a local ``Pretrained`` checkpoint is missing; download ``http(s)://``
+    ones now (:func:`fetch_url`).
+
+    Other schemes (``open-mmlab://``, ``s3://``) are left to mmengine. A config can say where its default checkpoint
+    comes from in a top-level ``pretrained_source`` string, printed when the missing file is the config's own
+    ``pretrained`` path, and name a Google Drive file id in ``pretrained_gdown``, printed as the command that fetches
+    it on a node without a browser.
     """
     for where, init in pretrained_inits(cfg.get('model')):
         ckpt = init.get('checkpoint')
+        if is_url(ckpt):
+            fetch_url(ckpt, f'{where}.checkpoint')
+            continue
         if not ckpt or '://' in ckpt or osp.exists(osp.expanduser(ckpt)):
             continue
         lines = [f'Checkpoint for {where} not found: {ckpt}']
@@ -134,11 +153,14 @@ def check_model_files(cfg: Config) -> None:
                               f'Download it again, or pass another one with --cfg-options {where}.checkpoint=PATH.',
                               zip_only=True)
     what = '--resume checkpoint' if cfg.get('resume') else 'load_from checkpoint'
-    checkpoint = check_checkpoint_file(cfg.get('load_from'), f'The {what}',
+    load_from = cfg.get('load_from')
+    if is_url(load_from):
+        load_from = fetch_url(load_from, '--resume' if cfg.get('resume') else 'load_from')
+    checkpoint = check_checkpoint_file(load_from, f'The {what}',
                                        'It was probably written by a job that was killed or ran out of disk; pick an '
                                        'earlier checkpoint, or use --resume (auto), which skips incomplete files.')
     if not cfg.get('resume'):
-        check_load_from_fits(cfg.get('model'), cfg.get('load_from'), checkpoint)
+        check_load_from_fits(cfg.get('model'), load_from, checkpoint)
 
 
 def check_checkpoint_fits(model: torch.nn.Module, path: str, demo: bool = False, hint: str = '') -> None:

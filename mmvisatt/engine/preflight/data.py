@@ -13,6 +13,7 @@ file's categories, some boxes dropped) is logged as a warning.
 Annotation files above :data:`MAX_CHECKED_ANN_BYTES` are skipped (the big public sets are consistent, and parsing
 them twice costs start-up time); images and maps are checked on a sample of :data:`SAMPLE` files.
 """
+import contextlib
 import json
 import logging
 import os
@@ -28,7 +29,7 @@ from mmengine.config import Config
 from mmengine.logging import print_log
 
 from mmvisatt.checkpoint.loading import abbreviate
-from mmvisatt.datasets.transforms import CorruptImageError, image_truncation, truncated_image_message
+from mmvisatt.datasets.transforms import IMAGE_LOADERS, CorruptImageError, image_truncation, truncated_image_message
 
 # Annotation files above this size are left to the dataset: reading them twice would cost seconds of start-up and
 # gigabytes of memory, and the big public sets are known to be consistent. The check is for hand-made sets.
@@ -48,6 +49,11 @@ _EVALUATORS = {'val_dataloader': 'val_evaluator', 'test_dataloader': 'test_evalu
 # EXIF orientations that rotate by 90 degrees: OpenCV applies them on loading, so the file's header has the
 # annotation's width and height swapped.
 _TRANSPOSING_ORIENTATIONS = {5, 6, 7, 8}
+# Images whose EXIF orientation is read (headers only: milliseconds each), and the share of them, oriented and not
+# shown by their annotated size to be annotated upright, above which training does not start: a set of phone photos
+# annotated on the stored pixels has most of its images tagged; a few tagged ones in a large set are worth a warning.
+ORIENTATION_SAMPLE = 256
+ORIENTATION_ERROR_FRACTION = 0.05
 
 # dataset type -> (name, where to get it)
 DATASET_SOURCES = {
@@ -571,13 +577,100 @@ def _check_evaluator(cfg: Config, loader: str, classes: Tuple[str, ...], found: 
                 f'category names.')
 
 
-def _image_size(path: str) -> Tuple[int, int]:
-    """(width, height) as OpenCV loads the file (EXIF rotation applied), from the header only."""
+@contextlib.contextmanager
+def _no_pixel_limit() -> Iterator[None]:
+    """PIL refuses to open an image above twice ``Image.MAX_IMAGE_PIXELS`` (its decompression-bomb guard, 179 MPixel
+    by default). These checks read headers only and OpenCV loads such files, so the guard is off while they run."""
     from PIL import Image
-    with Image.open(path) as image:
+    limit = Image.MAX_IMAGE_PIXELS
+    Image.MAX_IMAGE_PIXELS = None
+    try:
+        yield
+    finally:
+        Image.MAX_IMAGE_PIXELS = limit
+
+
+def _image_header(path: str) -> Tuple[int, int, int]:
+    """(width, height) as stored and the EXIF orientation (1 when there is none), from the header only."""
+    from PIL import Image
+    with _no_pixel_limit(), Image.open(path) as image:
         width, height = image.size
-        orientation = image.getexif().get(0x0112)
-    return (height, width) if orientation in _TRANSPOSING_ORIENTATIONS else (width, height)
+        orientation = image.getexif().get(0x0112) or 1
+    return width, height, orientation
+
+
+def _image_size(path: str, ignore_orientation: bool = False) -> Tuple[int, int]:
+    """(width, height) as OpenCV loads the file (EXIF rotation applied unless ``ignore_orientation``), from the
+    header only."""
+    width, height, orientation = _image_header(path)
+    turned = orientation in _TRANSPOSING_ORIENTATIONS and not ignore_orientation
+    return (height, width) if turned else (width, height)
+
+
+def _ignores_orientation(dataset: dict) -> bool:
+    """Whether the dataset's pipeline loads images as stored (``color_type`` with ``ignore_orientation``)."""
+    for step in dataset.get('pipeline') or []:
+        if isinstance(step, dict) and str(step.get('type', '')).split('.')[-1] in IMAGE_LOADERS:
+            return 'ignore_orientation' in str(step.get('color_type', 'color'))
+    return False
+
+
+def _orientation_message(path: str, where: str, turned: List[Tuple[str, int, str]], sampled: int) -> str:
+    """What the EXIF-oriented images of a sample mean for the annotations, with the two fixes."""
+    names = abbreviate([f'{osp.basename(f)} (orientation {o})' for f, o, _ in turned], 3)
+    verdicts = Counter(v for _, _, v in turned)
+    if verdicts['stored'] == len(turned):
+        told = ('Their annotated width and height are those of the pixels as stored, so the boxes and masks were '
+                'drawn on the stored pixels: load the images as stored (the first fix).')
+    elif verdicts['stored']:
+        told = (f'{verdicts["stored"]} of them have annotated sizes of the pixels as stored (annotated unrotated); '
+                "the others' sizes cannot tell (square images, or a flip or half turn that keeps the size).")
+    else:
+        told = ('Their sizes cannot tell which way they were annotated (square images, or a flip or half turn that '
+                "keeps the size): draw one image's boxes on it as loaded and as stored to see which fits.")
+    return (f'{len(turned)} of {sampled} sampled images of {where} ({path}) carry an EXIF orientation other than 1: '
+            f"{names}. mmcv's loader (OpenCV) turns such an image upright when it loads it, while its boxes and masks "
+            f'stay where they were annotated. {told} The fixes: (1) load them as stored, with '
+            f"color_type='color_ignore_orientation' in the pipeline's LoadCheckedImageFromFile (train and test "
+            f'pipelines), if the annotations were made on the stored pixels; or (2) re-save the images upright '
+            f'(PIL.ImageOps.exif_transpose) and rotate their annotations with them, if they were made on the upright '
+            f'view.')
+
+
+def _check_image_sizes(path: str, data: dict, dataset: dict, folder: str, where: str, found: _Findings) -> None:
+    """A sample of the images against the annotated sizes, and their EXIF orientation: past
+    :data:`ORIENTATION_ERROR_FRACTION` of the sample oriented and not demonstrably annotated upright, an error,
+    below it a warning."""
+    ignore = _ignores_orientation(dataset)
+    sample = _sample(data['images'], ORIENTATION_SAMPLE)
+    turned: List[Tuple[str, int, str]] = []  # (file, orientation, 'stored' / 'unknown')
+    for image in sample:
+        file = osp.join(folder, image['file_name'])
+        try:
+            width, height, orientation = _image_header(file)
+        except OSError:
+            continue  # not decodable: the loader's own error names the file
+        annotated = (image['width'], image['height'])
+        if orientation != 1 and not ignore:
+            if orientation in _TRANSPOSING_ORIENTATIONS and width != height:
+                if annotated == (width, height):
+                    turned.append((file, orientation, 'stored'))
+                    continue
+            else:
+                turned.append((file, orientation, 'unknown'))
+        size = _image_size(file, ignore)
+        if size != annotated:
+            found.errors.append(
+                f'{path} says {image["file_name"]} is {image["width"]}x{image["height"]}, but {file} is '
+                f'{size[0]}x{size[1]}: boxes and masks would not fit the image (this ends in NaN losses). '
+                f'Regenerate the file\'s width/height (and boxes) from the images you train on.')
+            return
+    if turned:
+        message = _orientation_message(path, where, turned, len(sample))
+        if len(turned) > ORIENTATION_ERROR_FRACTION * len(sample):
+            found.errors.append(message)
+        else:
+            found.warnings.append(f'{message} (At most {ORIENTATION_ERROR_FRACTION:.0%} of the sample: a warning.)')
 
 
 def _sample(items: Sequence[Any], n: int = SAMPLE) -> List[Any]:
@@ -618,18 +711,7 @@ def _check_coco_images(path: str, data: dict, dataset: dict, where: str, found: 
         found.errors.append(_empty_images_error(empty, where))
     if missing or empty:
         return
-    for image in _sample(data['images']):
-        file = osp.join(folder, image['file_name'])
-        try:
-            size = _image_size(file)
-        except OSError:
-            continue  # not decodable: the loader's own error names the file
-        if size != (image['width'], image['height']):
-            found.errors.append(
-                f'{path} says {image["file_name"]} is {image["width"]}x{image["height"]}, but {file} is '
-                f'{size[0]}x{size[1]}: boxes and masks would not fit the image (this ends in NaN losses). '
-                f'Regenerate the file\'s width/height (and boxes) from the images you train on.')
-            return
+    _check_image_sizes(path, data, dataset, folder, where, found)
 
 
 def _check_size_filter(path: str, data: dict, dataset: dict, cat_ids: List[int], where: str,
@@ -752,7 +834,7 @@ def _seg_map_problem(seg_map: str, image: str, where: str, num_classes: Optional
                      ignore_index: int) -> Optional[str]:
     from PIL import Image
     try:
-        with Image.open(seg_map) as label_map:
+        with _no_pixel_limit(), Image.open(seg_map) as label_map:
             mode, size = label_map.mode, label_map.size
             labels = np.unique(np.asarray(label_map)) if mode not in ('RGB', 'RGBA') else None
     except OSError:

@@ -254,11 +254,12 @@ class DecayBackbone(AttentionBackbone):
     def _init_from_cfg(self, family: str) -> bool:
         cfg = self.init_cfg
         if isinstance(cfg, dict) and cfg.get('type') == 'Pretrained':
-            checkpoint = cfg['checkpoint']
+            checkpoint = source = cfg['checkpoint']
             if isinstance(checkpoint, str):
                 checkpoint = read_checkpoint(checkpoint)
             weights = select_release_weights(checkpoint, cfg.get('checkpoint_key', self._release_keys))
-            load_pretrained(self, weights, family=family, allow_missing=self.new_keys)
+            load_pretrained(self, weights, family=family, allow_missing=self.new_keys,
+                            source=source if isinstance(source, str) else None)
             self._is_init = True
             return True
         return super()._init_from_cfg(family)

@@ -1,0 +1,192 @@
+"""One run per work dir: a training run claims its work dir with a lock file, and a second run started into the same
+folder is refused before its Runner is built, naming the run that holds it.
+
+Two runs in one work dir overwrite each other's ``iter_N.pth`` / ``epoch_N.pth`` and ``last_checkpoint``, and both
+logs report saving them. The lock, ``<work_dir>/.run.lock``, is a small JSON file (host, pid, start time, command)
+created with ``O_CREAT | O_EXCL``, which is atomic on local file systems and on NFS v3 and later. While the run
+lives, a daemon thread refreshes the file's modification time every :data:`HEARTBEAT_S` seconds; it is removed when
+the run ends. A lock left behind by a run that died is stale:
+
+* on the same host, when its pid is gone or belongs to another process now (the start time in ``/proc`` differs);
+* on another host (a shared file system, where the pid means nothing here), when the file has not been refreshed
+  for :data:`STALE_AFTER_S` seconds. Its age is taken against the file server's clock (the modification time of a
+  file written just now in the same folder), so clocks that differ between nodes do not matter.
+
+A stale lock is taken over with a warning. In a distributed run only rank 0 (``RANK``) claims the folder.
+"""
+import contextlib
+import datetime
+import json
+import os
+import os.path as osp
+import socket
+import sys
+import tempfile
+import threading
+from typing import Iterator, Optional
+
+from mmengine.logging import print_log
+
+LOCK_NAME = '.run.lock'
+HEARTBEAT_S = 60.
+# five missed heartbeats: a live run is never taken for a dead one by a slow file server or a busy node
+STALE_AFTER_S = 300.
+
+
+class WorkDirInUseError(RuntimeError):
+    """Another run is training in the work dir this run was started into."""
+
+
+def _process_start(pid: int) -> Optional[str]:
+    """The start time of process ``pid`` in clock ticks since boot (``/proc/<pid>/stat`` field 22), which tells a
+    process from a later one that got the same pid; None when there is no such process (or no ``/proc``)."""
+    try:
+        with open(f'/proc/{pid}/stat') as f:
+            return f.read().rsplit(')', 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _alive(pid: int, start: Optional[str]) -> bool:
+    current = _process_start(pid)
+    if current is not None:
+        return start is None or current == start
+    if osp.isdir('/proc'):
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
+
+
+def _age_s(path: str) -> float:
+    """Seconds since ``path`` was last modified, by the clock of the file system it is on."""
+    with tempfile.NamedTemporaryFile(dir=osp.dirname(path), prefix='.clock.') as probe:
+        now = os.fstat(probe.fileno()).st_mtime
+    return now - os.stat(path).st_mtime
+
+
+def _read(path: str) -> Optional[dict]:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        return {}  # being written right now, or garbage: judged by its age alone
+
+
+def stale_reason(path: str, holder: dict) -> Optional[str]:
+    """Why the lock ``path`` holding ``holder`` belongs to no live run, or None if its run may be alive."""
+    host, pid = holder.get('host'), holder.get('pid')
+    if host == socket.gethostname() and isinstance(pid, int):
+        if not _alive(pid, holder.get('proc_start')):
+            return f'process {pid} on this host is gone'
+        return None
+    age = _age_s(path)
+    if age > STALE_AFTER_S:
+        return f'not refreshed for {age:.0f} s (a live run refreshes it every {HEARTBEAT_S:.0f} s)'
+    return None
+
+
+def _in_use(work_dir: str, path: str, holder: dict) -> WorkDirInUseError:
+    try:
+        age = f'{_age_s(path):.0f} s ago'
+    except OSError:
+        age = 'just now'
+    who = (f"host {holder.get('host', '?')}, pid {holder.get('pid', '?')}, started {holder.get('start', '?')}"
+           if holder else 'a run whose lock is being written')
+    command = f"\n  its command: {holder['command']}" if holder.get('command') else ''
+    return WorkDirInUseError(
+        f'work dir {work_dir} is in use by a run that is training now ({who}; its lock {path} was refreshed '
+        f'{age}).{command}\nTwo runs in one work dir overwrite each other\'s checkpoints and last_checkpoint. Start '
+        f'this one with another --work-dir, or stop that run first. If that run is dead on another host, its lock '
+        f'counts as stale {STALE_AFTER_S:.0f} s after its last refresh; delete {path} to go on at once.')
+
+
+class WorkDirLock:
+    """The claim of one run on its work dir (see the module's docstring); :meth:`acquire` raises
+    :class:`WorkDirInUseError` when a live run holds it."""
+
+    def __init__(self, work_dir: str) -> None:
+        self.work_dir = osp.abspath(work_dir)
+        self.path = osp.join(self.work_dir, LOCK_NAME)
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+
+    def _create(self) -> bool:
+        holder = dict(host=socket.gethostname(), pid=os.getpid(), proc_start=_process_start(os.getpid()),
+                      start=datetime.datetime.now().astimezone().isoformat(timespec='seconds'),
+                      command=' '.join([osp.basename(sys.executable)] + sys.argv))
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            return False
+        with os.fdopen(fd, 'w') as f:
+            json.dump(holder, f)
+        return True
+
+    def _take_over(self, holder: dict, reason: str) -> None:
+        """Move the stale lock aside by a rename (atomic: of two runs taking it over, one rename fails), check that
+        what was moved is the lock judged stale, and put it back if a live run claimed the folder meanwhile."""
+        aside = f'{self.path}.stale.{os.getpid()}'
+        try:
+            os.rename(self.path, aside)
+        except FileNotFoundError:
+            return
+        if _read(aside) != holder:
+            os.rename(aside, self.path)
+            return
+        os.remove(aside)
+        print_log(f"work dir {self.work_dir}: taking over the lock of an ended run (host {holder.get('host', '?')}, "
+                  f"pid {holder.get('pid', '?')}, started {holder.get('start', '?')}): {reason}",
+                  logger='current', level=30)
+
+    def acquire(self) -> 'WorkDirLock':
+        os.makedirs(self.work_dir, exist_ok=True)
+        for _ in range(3):
+            if self._create():
+                break
+            holder = _read(self.path)
+            if holder is None:
+                continue  # removed since: try again
+            reason = stale_reason(self.path, holder)
+            if reason is None:
+                raise _in_use(self.work_dir, self.path, holder)
+            self._take_over(holder, reason)
+        else:
+            raise _in_use(self.work_dir, self.path, _read(self.path) or {})
+        self._thread = threading.Thread(target=self._heartbeat, daemon=True, name='work-dir-lock')
+        self._thread.start()
+        return self
+
+    def _heartbeat(self) -> None:
+        while not self._stop.wait(HEARTBEAT_S):
+            with contextlib.suppress(OSError):
+                os.utime(self.path)
+
+    def release(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        holder = _read(self.path)
+        if holder and holder.get('pid') == os.getpid() and holder.get('host') == socket.gethostname():
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(self.path)
+
+
+@contextlib.contextmanager
+def claim_work_dir(work_dir: str) -> Iterator[Optional[WorkDirLock]]:
+    """Hold the work dir's lock for the block (rank 0 of a distributed run only; the other ranks yield None)."""
+    if int(os.environ.get('RANK', '0')) != 0:
+        yield None
+        return
+    lock = WorkDirLock(work_dir).acquire()
+    try:
+        yield lock
+    finally:
+        lock.release()
