@@ -160,6 +160,20 @@ def test_stale_locks_are_recognised_on_this_host_and_on_a_shared_file_system(tmp
         WorkDirLock(str(tmp_path / 'live')).acquire()
 
 
+def test_only_rank_0_of_each_launcher_claims_the_work_dir(tmp_path, monkeypatch):
+    """Every launcher's rank 1 leaves the folder to rank 0; srun sets SLURM_PROCID, not RANK, before the Runner."""
+    for launcher, variable in (('pytorch', 'RANK'), ('slurm', 'SLURM_PROCID'), ('mpi', 'OMPI_COMM_WORLD_RANK')):
+        monkeypatch.setenv(variable, '1')
+        with claim_work_dir(str(tmp_path), launcher) as lock:
+            assert lock is None and not (tmp_path / '.run.lock').exists()
+        monkeypatch.setenv(variable, '0')
+        with claim_work_dir(str(tmp_path), launcher) as lock:
+            assert lock is not None and (tmp_path / '.run.lock').exists()
+    monkeypatch.setenv('SLURM_PROCID', '3')  # a single process in a Slurm job, without --launcher slurm
+    with claim_work_dir(str(tmp_path), 'none') as lock:
+        assert lock is not None
+
+
 def test_of_runs_claiming_at_once_exactly_one_wins(tmp_path, python):
     """Four processes, ready, then released together: one gets the lock (and holds it a while), three are refused."""
     go = tmp_path / 'go'

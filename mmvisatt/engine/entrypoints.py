@@ -372,7 +372,7 @@ def _run_errors_explained(cfg: Config):
 
 def train_main(argv: Optional[Sequence[str]] = None) -> Runner:
     cfg = prepare_train(argv)
-    with preflight.claim_work_dir(cfg.work_dir):
+    with preflight.claim_work_dir(cfg.work_dir, cfg.get('launcher')):
         setup_distributed(cfg)
         runner = build_runner(cfg, cfg.default_scope)
         if cfg.get('resume') and cfg.get('load_from'):

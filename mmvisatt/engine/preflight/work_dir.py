@@ -12,7 +12,8 @@ the run ends. A lock left behind by a run that died is stale:
   for :data:`STALE_AFTER_S` seconds. Its age is taken against the file server's clock (the modification time of a
   file written just now in the same folder), so clocks that differ between nodes do not matter.
 
-A stale lock is taken over with a warning. In a distributed run only rank 0 (``RANK``) claims the folder.
+A stale lock is taken over with a warning. In a distributed run only rank 0 claims the folder (``RANK`` under
+torchrun, ``SLURM_PROCID`` under ``--launcher slurm``, ``OMPI_COMM_WORLD_RANK`` under ``--launcher mpi``).
 """
 import contextlib
 import datetime
@@ -179,10 +180,22 @@ class WorkDirLock:
                 os.remove(self.path)
 
 
+# where each launcher puts the global rank before the process group exists (mmengine sets RANK itself for slurm
+# and mpi only while it builds the Runner, after the claim)
+RANK_VARIABLES = {'pytorch': 'RANK', 'slurm': 'SLURM_PROCID', 'mpi': 'OMPI_COMM_WORLD_RANK'}
+
+
+def launcher_rank(launcher: Optional[str]) -> int:
+    """This process's global rank under ``launcher`` (``tools/train.py --launcher``), read from the environment."""
+    name = RANK_VARIABLES.get(launcher or 'none')
+    return int(os.environ.get(name, '0')) if name else 0
+
+
 @contextlib.contextmanager
-def claim_work_dir(work_dir: str) -> Iterator[Optional[WorkDirLock]]:
-    """Hold the work dir's lock for the block (rank 0 of a distributed run only; the other ranks yield None)."""
-    if int(os.environ.get('RANK', '0')) != 0:
+def claim_work_dir(work_dir: str, launcher: Optional[str] = None) -> Iterator[Optional[WorkDirLock]]:
+    """Hold the work dir's lock for the block: rank 0 of a run started by ``launcher`` claims it, the other ranks
+    yield None."""
+    if launcher_rank(launcher) != 0:
         yield None
         return
     lock = WorkDirLock(work_dir).acquire()
