@@ -1,6 +1,6 @@
 """Training plumbing: the logic behind ``tools/train.py`` / ``tools/test.py``, the ``--demo`` transform, hooks, and
-what makes training reliable (atomic checkpoints, exact resume also inside epochs, the non-finite loss guard, CPU
-SyncBN; see docs/reliability.md).
+what makes training reliable (atomic checkpoints, exact resume also inside epochs, a checkpoint on preemption, the
+non-finite loss guard, CPU SyncBN; see docs/reliability.md).
 
 Importing this package (every runtime config's ``custom_imports`` does) registers the hooks in mmengine's root
 registry and makes :mod:`mmvisatt.checkpoint.safe_load` mmengine's checkpoint loader for local files and
@@ -16,7 +16,8 @@ from .hooks import DemoReportHook, EvalProgressBarHook, EvalProgressHook, Traini
 from .hooks import BackboneLayoutHook, ChannelCheckHook
 from .mid_epoch import MidEpochResumeError, ResumableBatchSampler, ResumableEpochBasedTrainLoop, SeededSamples
 from .optimizers import LayerDecayOptimWrapperConstructor  # noqa: F401  (registers it in the root registry)
-from .reliability import AtomicCheckpointHook, ExactResumeHook, FaultInjectionHook, find_resumable_checkpoint
+from .reliability import (AtomicCheckpointHook, ExactResumeHook, FaultInjectionHook, PreemptionHook, TrainingPreempted,
+                          find_resumable_checkpoint)
 from .sync_bn import CPUSyncBatchNorm
 
 register_mmengine_loader()
@@ -25,7 +26,8 @@ __all__ = [
     'DemoSettings', 'to_demo_config', 'parse_train_args', 'parse_test_args', 'prepare_train', 'prepare_test',
     'train_main', 'test_main', 'DemoReportHook', 'EvalProgressBarHook', 'EvalProgressHook', 'TrainingTraceHook',
     'NonFiniteGuardHook', 'NonFiniteLossError',
-    'AtomicCheckpointHook', 'ExactResumeHook', 'FaultInjectionHook', 'find_resumable_checkpoint',
+    'AtomicCheckpointHook', 'ExactResumeHook', 'FaultInjectionHook', 'PreemptionHook', 'TrainingPreempted',
+    'find_resumable_checkpoint',
     'CPUSyncBatchNorm', 'ChannelCheckHook', 'BackboneLayoutHook', 'MidEpochResumeError', 'ResumableBatchSampler',
     'ResumableEpochBasedTrainLoop', 'SeededSamples'
 ]
