@@ -27,7 +27,7 @@ from mmvisatt.engine.preflight import (AnnotationError, WorkDirInUseError, WorkD
                                        claim_work_dir, work_dir)
 from test_preflight import _coco_folder, _det_cfg
 from test_weights import _Server
-from mmvisatt.engine.reliability import NothingToResumeError
+from mmvisatt.engine.reliability import NothingToResumeError, TrainingPreempted
 from test_reliability import (FAULT, NO_VAL, RESUME_OPTIONS, _assert_bitwise_equal, _ckpt, _epoch_run,  # noqa: F401
                               _run, epoch_based_config, tiny_configs)
 
@@ -53,6 +53,19 @@ def test_sigterm_saves_at_the_next_iteration_and_resumes_exactly(tiny_configs, t
     log = _run(config, work, RESUME_OPTIONS, extra=['--resume'])
     assert f'--resume: resuming from {work / "iter_3.pth"}' in log
     _assert_bitwise_equal(_ckpt(tmp_path / 'reference' / 'iter_6.pth'), _ckpt(work / 'iter_6.pth'))
+
+
+def test_a_run_that_saves_no_checkpoint_stops_saying_so(tiny_det_config, tmp_path):
+    """A config without a checkpoint hook still stops at the iteration boundary, and says nothing was saved."""
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(TrainingPreempted) as stopped:
+        entrypoints.train_main([tiny_det_config, '--demo', '--work-dir', str(tmp_path), '--cfg-options',
+                                'default_hooks.checkpoint=None', 'train_cfg.max_iters=3', *NO_VAL, *FAULT,
+                                'default_hooks.fault.at_iter=2', f'default_hooks.fault.sig={int(signal.SIGTERM)}'])
+    assert stopped.value.code == 128 + signal.SIGTERM
+    assert str(stopped.value) == ('SIGTERM at iteration 2: stopped without a checkpoint, since the config saves none '
+                                  '(default_hooks.checkpoint is not a CheckpointHook).')
+    assert signal.getsignal(signal.SIGTERM) is before  # the handler is gone with the run
 
 
 @pytest.mark.slow

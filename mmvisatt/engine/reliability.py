@@ -496,11 +496,6 @@ class PreemptionHook(Hook):
             print_log(f'{signal.Signals(signum).name} received: saving a checkpoint at the next iteration boundary, '
                       'then stopping', logger='current', level=30)
 
-    def before_train(self, runner) -> None:
-        if not any(isinstance(h, AtomicCheckpointHook) for h in runner.hooks):
-            raise ValueError('PreemptionHook needs AtomicCheckpointHook as default_hooks.checkpoint (tools/train.py '
-                             'swaps it in for CheckpointHook); without it a signal would end the run unsaved')
-
     def after_train_iter(self, runner, batch_idx: int, data_batch=None, outputs=None) -> None:
         if self.stopping is not None:
             return
@@ -510,6 +505,10 @@ class PreemptionHook(Hook):
             flags = torch.tensor([self.received or 0], dtype=torch.int32)
             all_reduce(flags, op='max')
             self.stopping = int(flags.item()) or None
+        if self.stopping is not None and not any(isinstance(h, AtomicCheckpointHook) for h in runner.hooks):
+            raise TrainingPreempted(
+                f'{self.signal_name} at iteration {runner.iter + 1}: stopped without a checkpoint, since the config '
+                'saves none (default_hooks.checkpoint is not a CheckpointHook).', int(self.stopping))
 
     def stopped(self, runner, checkpoint: str, iteration: int) -> TrainingPreempted:
         """The exception that ends the run, saying where the checkpoint of ``iteration`` (1-based) is."""
