@@ -3,7 +3,7 @@
 Importing this package changes nothing outside it: :mod:`mmvisatt.engine` makes
 :func:`~.safe_load.load_checkpoint_file` mmengine's loader for local files.
 """
-from .download import CheckpointDownloadError, download_checkpoint, url_cache_path
+from .download import CheckpointDownloadError, download_checkpoint, is_url, url_cache_path
 from .loading import (CheckpointMismatchError, LoadReport, NotACheckpointError, convert_backbone_layout,
                       convert_checkpoint_file, convert_state_dict, deeper_model_keys, file_head, load_into,
                       load_pretrained, not_a_checkpoint, read_checkpoint, register_converter, registered_families,
@@ -16,6 +16,6 @@ __all__ = [
     'convert_checkpoint_file', 'convert_state_dict', 'deeper_model_keys', 'file_head',
     'load_into', 'load_pretrained', 'not_a_checkpoint', 'read_checkpoint', 'register_converter',
     'registered_families', 'unwrap_state_dict', 'PickledRecord', 'UnsafeCheckpointError', 'allowing_stand_ins',
-    'checkpoint_globals', 'download_checkpoint', 'CheckpointDownloadError', 'url_cache_path', 'load_checkpoint_file',
-    'register_mmengine_loader'
+    'checkpoint_globals', 'download_checkpoint', 'CheckpointDownloadError', 'is_url', 'url_cache_path',
+    'load_checkpoint_file', 'register_mmengine_loader'
 ]

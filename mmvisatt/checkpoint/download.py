@@ -24,7 +24,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from typing import Iterator, Optional
+from typing import Any, Iterator, Optional
 
 import torch
 from mmengine.logging import print_log
@@ -44,6 +44,11 @@ _RETRIED_STATUS = {408, 429, 500, 502, 503, 504}
 
 class CheckpointDownloadError(OSError):
     """A checkpoint URL could not be downloaded, or did not give a checkpoint; nothing was cached."""
+
+
+def is_url(path: Any) -> bool:
+    """Whether ``path`` is an ``http(s)://`` URL, which :func:`download_checkpoint` fetches."""
+    return isinstance(path, str) and path.startswith(('http://', 'https://'))
 
 
 def url_cache_path(url: str, model_dir: Optional[str] = None) -> str:
@@ -136,13 +141,13 @@ def _fetch(url: str, cached: str, connect_s: float, read_s: float, attempts: int
             os.replace(tmp, cached)
             print_log(f'Downloaded {url} ({done / 2**20:.1f} MiB) to {cached}', logger='current')
             return
+        except CheckpointDownloadError:
+            raise
         except urllib.error.HTTPError as error:
             if error.code not in _RETRIED_STATUS or attempt == attempts:
                 raise _error(url, cached, f'{error.reason}', error.code) from None
             retry = f'HTTP {error.code} {error.reason}'
         except (urllib.error.URLError, OSError, http.client.HTTPException) as error:
-            if isinstance(error, CheckpointDownloadError):
-                raise
             reason = getattr(error, 'reason', error)
             if isinstance(reason, (socket.timeout, TimeoutError)):
                 what = (f'no answer from {host} within the timeout (connect {connect_s:.0f} s, then '
@@ -196,5 +201,5 @@ def download_checkpoint(url: str, model_dir: Optional[str] = None, connect_timeo
     return cached
 
 
-__all__ = ['CheckpointDownloadError', 'download_checkpoint', 'url_cache_path', 'CONNECT_TIMEOUT_S',
+__all__ = ['CheckpointDownloadError', 'download_checkpoint', 'is_url', 'url_cache_path', 'CONNECT_TIMEOUT_S',
            'READ_TIMEOUT_S', 'ATTEMPTS']

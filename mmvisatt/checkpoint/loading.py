@@ -17,7 +17,7 @@ import torch
 from mmengine.logging import print_log
 from mmengine.runner.checkpoint import CheckpointLoader
 
-from .download import download_checkpoint
+from .download import download_checkpoint, is_url
 from .safe_load import load_checkpoint_file
 
 StateDict = Dict[str, torch.Tensor]
@@ -115,7 +115,7 @@ def not_a_checkpoint(path: str, head: Optional[bytes] = None) -> Optional[str]:
 def read_checkpoint(path: str, map_location: str = 'cpu') -> dict:
     """Read a local file, or an ``http(s)://`` URL downloaded once into the cache (:mod:`.download`); a missing
     local file or one that is no checkpoint gets an error that says how to provide it."""
-    if path.startswith(('http://', 'https://')):
+    if is_url(path):
         path = download_checkpoint(path)
     elif '://' in path:  # another mmengine scheme (s3://, pavi://, ...): mmengine's loader for it
         return CheckpointLoader.load_checkpoint(path, map_location=map_location)

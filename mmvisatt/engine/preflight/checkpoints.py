@@ -10,7 +10,7 @@ import torch
 from mmengine.config import Config
 
 from mmvisatt.checkpoint import (CheckpointDownloadError, CheckpointMismatchError, convert_state_dict,
-                                 download_checkpoint, file_head, load_checkpoint_file, not_a_checkpoint,
+                                 download_checkpoint, file_head, is_url, load_checkpoint_file, not_a_checkpoint,
                                  unwrap_state_dict)
 from mmvisatt.checkpoint.fit import classes_hint, weights_fit_problem
 from mmvisatt.checkpoint.loading import abbreviate
@@ -38,10 +38,6 @@ def pretrained_inits(node: Any, path: str = 'model') -> Iterator[Tuple[str, dict
     elif isinstance(node, list):
         for i, value in enumerate(node):
             yield from pretrained_inits(value, f'{path}.{i}')
-
-
-def is_url(path: Any) -> bool:
-    return isinstance(path, str) and path.startswith(('http://', 'https://'))
 
 
 def fetch_url(url: str, where: str) -> str:

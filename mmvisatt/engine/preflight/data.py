@@ -599,12 +599,16 @@ def _image_header(path: str) -> Tuple[int, int, int]:
     return width, height, orientation
 
 
-def _image_size(path: str, ignore_orientation: bool = False) -> Tuple[int, int]:
-    """(width, height) as OpenCV loads the file (EXIF rotation applied unless ``ignore_orientation``), from the
-    header only."""
-    width, height, orientation = _image_header(path)
+def _loaded_size(width: int, height: int, orientation: int, ignore_orientation: bool = False) -> Tuple[int, int]:
+    """(width, height) as OpenCV loads an image stored at ``width`` x ``height`` with EXIF ``orientation`` (the
+    rotation applied unless ``ignore_orientation``)."""
     turned = orientation in _TRANSPOSING_ORIENTATIONS and not ignore_orientation
     return (height, width) if turned else (width, height)
+
+
+def _image_size(path: str) -> Tuple[int, int]:
+    """(width, height) as OpenCV loads the file (EXIF rotation applied), from the header only."""
+    return _loaded_size(*_image_header(path))
 
 
 def _ignores_orientation(dataset: dict) -> bool:
@@ -658,7 +662,7 @@ def _check_image_sizes(path: str, data: dict, dataset: dict, folder: str, where:
                     continue
             else:
                 turned.append((file, orientation, 'unknown'))
-        size = _image_size(file, ignore)
+        size = _loaded_size(width, height, orientation, ignore)
         if size != annotated:
             found.errors.append(
                 f'{path} says {image["file_name"]} is {image["width"]}x{image["height"]}, but {file} is '
