@@ -6,9 +6,9 @@ import sys
 from setuptools import find_packages, setup
 
 ROOT = osp.dirname(osp.abspath(__file__))
-# what a wheel carries besides the package, as mmdet does: mim and non-editable installs find the configs and
-# tools in mmvisatt/.mim
-MIM_ITEMS = ('configs', 'tools', 'model-index.yml')
+# what a wheel carries besides the package, as mmdet does: mim and non-editable installs find the configs,
+# tools and the measured memory table (the pre-flight reads it) in mmvisatt/.mim
+MIM_ITEMS = ('configs', 'tools', 'model-index.yml', 'docs/config_memory.json')
 
 
 def read_requirements(name):
@@ -42,8 +42,9 @@ def add_mim_extension():
             os.remove(dst)
         elif osp.isdir(dst):
             shutil.rmtree(dst)
+        os.makedirs(osp.dirname(dst), exist_ok=True)
         if mode == 'symlink':
-            os.symlink(osp.relpath(src, mim), dst)
+            os.symlink(osp.relpath(src, osp.dirname(dst)), dst)
         elif osp.isdir(src):
             shutil.copytree(src, dst, ignore=shutil.ignore_patterns('__pycache__', '*.pyc'))
         else:

@@ -18,7 +18,7 @@ from typing import Dict, List, Optional
 import yaml
 from mmengine.config import Config
 
-from .recipes import GPUS, SCHEDULES, recipe_for
+from .recipes import SCHEDULES, recipe_for
 from .task_configs import RECIPES, Recipe, backbone_tokens, expected_configs, literal, recipe_key
 
 METAFILE_DIR = 'metafiles'
@@ -81,7 +81,7 @@ def _model(token: str, preset: Config, recipe: Recipe, zoo: dict) -> dict:
     meta = {'Backbone': preset.preset.name, 'Training Data': dataset}
     if key in SCHEDULES:
         schedule, train = SCHEDULES[key], recipe_for(token, key)
-        meta['Training Resources'] = f'{GPUS} GPUs x {train.images_per_gpu} images'
+        meta['Training Resources'] = f'{train.gpus} GPUs x {train.images_per_gpu} images'
         meta.update({'Epochs': schedule.max_epochs} if schedule.max_epochs else {'Iterations': schedule.max_iters})
         meta['Pretrained'] = preset.pretrained_source
     else:

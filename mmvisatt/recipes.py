@@ -83,10 +83,11 @@ class TrainRecipe:
     why: str = ''  # borrowed: why this recipe
     reported: str = ''  # the published result this config reproduces, if any
     memory: str = ''  # what the config turns on to fit one 80 GB GPU at its per-GPU batch, and why
+    gpus: int = GPUS  # the GPUs the total batch is spread over
 
     @property
     def images_per_gpu(self) -> int:
-        return self.total_batch // GPUS
+        return self.total_batch // self.gpus
 
     def describe(self) -> str:
         """One phrase for a config header."""
@@ -95,7 +96,7 @@ class TrainRecipe:
         opt = self.optimizer
         kind = 'official' if self.official else 'borrowed from'
         return (f'{kind} {self.label} ({self.source}); {opt["type"]} {opt["lr"]:g}, wd {opt["weight_decay"]:g}, '
-                f'total batch {self.total_batch} = {GPUS} GPUs x {self.images_per_gpu}, {amp}')
+                f'total batch {self.total_batch} = {self.gpus} GPUs x {self.images_per_gpu}, {amp}')
 
 
 def borrow(recipe: TrainRecipe, why: str, **changes) -> TrainRecipe:
@@ -488,6 +489,30 @@ def fit_80gb(recipe: TrainRecipe, **settings) -> TrainRecipe:
                f'{recipe.total_batch}')
 
 
+def spread(recipe: TrainRecipe, gpus: int) -> TrainRecipe:
+    """``recipe`` with its total batch spread over ``gpus`` GPUs: its training step at the images per GPU of
+    :data:`GPUS` GPUs is over 80 GB even with what ``recipe.memory`` turns on (docs/benchmarks.md, Memory per
+    GPU)."""
+    spread_out = dataclasses.replace(recipe, gpus=gpus)
+    turned_on = recipe.memory.split(':')[0] + ' and ' if recipe.memory else ''
+    return dataclasses.replace(
+        spread_out, memory=f'{turned_on}{gpus} GPUs x {spread_out.images_per_gpu}: at {recipe.images_per_gpu} images '
+                           f'per GPU the training step at this recipe\'s largest padded batch (1250x1333) is over 80 '
+                           f'GB{" with " + turned_on[:-5] if turned_on else ""} (docs/benchmarks.md, Memory per GPU); '
+                           f'the total batch stays {recipe.total_batch}')
+
+
+#: the multi-scale crop 3x recipes whose batch is spread over more GPUs, and over how many
+_SPREAD_3X = {'remvit_t': 16, 'remvit_s': 16, 'remvit_b': 32, 'revit_b': 16, 'fan_swin_l': 16}
+
+
+def _spread_3x(token: str, recipes: Dict[str, TrainRecipe]) -> Dict[str, TrainRecipe]:
+    if token in _SPREAD_3X:
+        for key in ('mask_rcnn_3x', 'cascade_mask_rcnn_3x'):
+            recipes[key] = spread(recipes[key], _SPREAD_3X[token])
+    return recipes
+
+
 def revit_recipes(token: str) -> Dict[str, TrainRecipe]:
     out = {recipe: fit_80gb(borrow(VITDET_B, 'no ReViT-B detection recipe was published; ViTDet\'s ViT-B recipe (a '
                                              'plain ViT-B with a simple feature pyramid, as ours). Global attention '
@@ -595,7 +620,7 @@ def _family_recipes(token: str) -> Dict[str, TrainRecipe]:
 def recipe_for(token: str, recipe: str) -> TrainRecipe:
     """The recipe of the task config of backbone ``token`` (``configs/_base_/backbones/<token>.py``) and dense
     ``recipe`` (a key of :data:`SCHEDULES`)."""
-    recipes = _family_recipes(token)
+    recipes = _spread_3x(token, _family_recipes(token))
     if recipe not in recipes:
         raise KeyError(f'no {recipe!r} recipe for {token!r}; dense recipes: {sorted(recipes)}')
     return recipes[recipe]

@@ -268,7 +268,7 @@ def _cell(recipe: TrainRecipe) -> List[str]:
     if recipe.min_lr:
         warmup += f'; min lr {recipe.min_lr:g}'
     return [f'{opt["type"]} {opt["lr"]:g}', f'{opt["weight_decay"]:g}', paramwise, f'{recipe.drop_path_rate:g}',
-            warmup, f'{GPUS} x {recipe.images_per_gpu} = {recipe.total_batch}', amp, backbone or '-']
+            warmup, f'{recipe.gpus} x {recipe.images_per_gpu} = {recipe.total_batch}', amp, backbone or '-']
 
 
 def recipes_page(config_dir: str) -> str:
@@ -279,8 +279,9 @@ def recipes_page(config_dir: str) -> str:
         'of the dense task configs; `tests/test_recipes.py` loads every config and checks its effective values '
         '(after `_base_` merging) against the table, and the table\'s official entries against the official '
         'files. Edit the table, never this page.', '',
-        f'- **Layout.** Every recipe is written for {GPUS} GPUs: `train_dataloader.batch_size` = total batch / '
-        f'{GPUS}, and `auto_scale_lr.base_batch_size` = the total batch, so `tools/train.py --auto-scale-lr` '
+        f'- **Layout.** Every recipe is written for {GPUS} GPUs (a few multi-scale 3x recipes for 16 or 32, where '
+        'the step is over 80 GB per GPU otherwise; their headers say so): `train_dataloader.batch_size` = total '
+        'batch / GPUs, and `auto_scale_lr.base_batch_size` = the total batch, so `tools/train.py --auto-scale-lr` '
         'rescales the lr linearly for any other number of GPUs or images per GPU.',
         '- **Official or borrowed.** *Official*: the pair has an official downstream config, and the values are '
         'that file\'s (repository@commit:path, lines below). *Borrowed*: no official counterpart exists; the row '

@@ -425,13 +425,15 @@ def test_gpu_check_script_runs_on_the_cpu(tmp_path):
                           env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert sorted(p.name for p in tmp_path.iterdir()) == [
-        'benchmark.json', 'benchmark.log', 'benchmark.md', 'cuda_tests.log', 'cuda_tests.xml', 'decay_attention.json',
-        'dense_steps.json', 'env.txt', 'train', 'train.log', 'train_check.json']
+        'benchmark.json', 'benchmark.log', 'benchmark.md', 'cuda_tests.log', 'cuda_tests.xml', 'cuda_tests_first.xml',
+        'decay_attention.json', 'dense_steps.json', 'env.txt', 'roofline_beside.json', 'train', 'train.log',
+        'train_check.json']
     check = json.loads((tmp_path / 'train_check.json').read_text())
     assert check['iterations'] == 4 and check['non_finite'] == []
     steps = json.loads((tmp_path / 'dense_steps.json').read_text())
     assert sorted(row['config'] for row in steps) == ['mask_rcnn_reswin_t_1x.py', 'upernet_reswin_t_160k_ade20k.py']
     assert all(row['seconds_per_iter'] > 0 and 'error' not in row for row in steps), steps
+    assert all(row['table_per_gpu'] > 0 for row in steps)  # each step beside its row of the memory table
     assert 'torch' in (tmp_path / 'env.txt').read_text()
     tests_log = (tmp_path / 'cuda_tests.log').read_text()
     assert re.search(r'\d+ skipped', tests_log) and 'needs a CUDA GPU' in tests_log and 'failed' not in tests_log
@@ -439,6 +441,9 @@ def test_gpu_check_script_runs_on_the_cpu(tmp_path):
     assert report['suite'] == 't-presets' and len(report['models']) == 12 and len(report['targets']) == 10
     assert all(m['train']['achieved_tflops'] > 0 for m in report['models'])
     assert (tmp_path / 'benchmark.md').read_text().count('| `') == 12
+    beside = json.loads((tmp_path / 'roofline_beside.json').read_text())
+    assert len(beside) == 12 and all(row['measured_ms'] > 0 and row['estimate_ms'] > 0 for row in beside)
+    assert 'test_cuda_equals_cpu_t_preset[FAN-vit_t]' in (tmp_path / 'cuda_tests_first.xml').read_text()
     decay = json.loads((tmp_path / 'decay_attention.json').read_text())
     assert {row['way'] for row in decay['rows']} == {'mask + sdpa', 'flex score_mod'} and len(decay['rows']) == 6
     assert all(row['relative_difference'] < 1e-5 for row in decay['rows'])

@@ -62,6 +62,8 @@ def installed_wheel(tmp_path_factory):
         kwargs = dict(ignore=shutil.ignore_patterns('__pycache__', '.mim', '*.egg-info')) if copy is shutil.copytree \
             else {}
         copy(osp.join(REPO, item), src / item, **kwargs)
+    (src / 'docs').mkdir()
+    shutil.copy(osp.join(REPO, 'docs', 'config_memory.json'), src / 'docs')
     pip = [sys.executable, '-m', 'pip', '--disable-pip-version-check']
     subprocess.run(pip + ['wheel', '-q', '--no-deps', '--no-build-isolation', '-w', str(tmp / 'dist'), str(src)],
                    check=True, capture_output=True, text=True)
@@ -78,7 +80,8 @@ def test_wheel_carries_configs_tools_and_the_index(installed_wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
     for path in ('mmvisatt/.mim/model-index.yml', 'mmvisatt/.mim/configs/mask_rcnn_reswin_t_3x.py',
                  'mmvisatt/.mim/configs/_base_/backbones/reswin_t.py', 'mmvisatt/.mim/configs/metafiles/rmt.yml',
-                 'mmvisatt/.mim/tools/train.py', 'mmvisatt/.mim/tools/analysis/get_flops.py'):
+                 'mmvisatt/.mim/tools/train.py', 'mmvisatt/.mim/tools/analysis/get_flops.py',
+                 'mmvisatt/.mim/docs/config_memory.json'):
         assert path in names, path
     assert len([n for n in names if n.startswith('mmvisatt/.mim/configs/') and n.endswith('.py')]) > len(
         expected_configs(CONFIGS))
@@ -86,10 +89,13 @@ def test_wheel_carries_configs_tools_and_the_index(installed_wheel):
     tmp = installed_wheel[2]
     code = ('import mmvisatt, os.path as osp; from mmengine.config import Config; '
             'root = osp.dirname(mmvisatt.__file__); print(root); '
-            "print(Config.fromfile(osp.join(root, '.mim/configs/mask_rcnn_reswin_t_3x.py')).model.backbone.type)")
+            "print(Config.fromfile(osp.join(root, '.mim/configs/mask_rcnn_reswin_t_3x.py')).model.backbone.type); "
+            'from mmvisatt.engine.preflight.memory import table_path; print(table_path())')
     out = subprocess.run([sys.executable, '-c', code], env=env, cwd=str(tmp), capture_output=True, text=True,
                          check=True).stdout.split()
     assert out[0] == str(tmp / 'site' / 'mmvisatt') and out[1] == 'ReSwinTransformer'
+    # the pre-flight's memory table travels with the package
+    assert out[2] == str(tmp / 'site' / 'mmvisatt' / '.mim' / 'docs' / 'config_memory.json')
 
 
 @pytest.mark.skipif(not osp.exists(MIM), reason='openmim is not installed (tools/setup_env.sh installs it)')

@@ -9,21 +9,22 @@
 #                                           on the GPU machine, from the repository root, in this order, each step
 #                                           limited so that all of them end within the budget (default 540 s) and
 #                                           the later ones keep the time they need:
-#     1. mmcv with its CUDA ops: built from .whl/mmcv-2.1.0.tar.gz for the visible GPU's architecture with
-#        MAX_JOBS = cores into .gpu_build/ (ignored by git; a next call on the same machine reuses the wheel),
-#        the build time printed; skipped where an mmcv with CUDA ops imports or a wheel in .gpu_build/wheels
-#        (carried, built elsewhere for the machine's Python, torch and CUDA) loads
-#     2. the CUDA tests: pytest tests/test_cuda.py -m cuda, while mmcv builds (they use none of its ops: mmcv's
-#        Python code comes from the sdist until the wheel is installed)
-#     3. Mask R-CNN + ReSwin-T (configs/mask_rcnn_reswin_t_3x.py --demo) trained for 200 iterations with its AMP,
+#     1. mmcv with its CUDA ops: from a wheel carried in .gpu_build/wheels (built elsewhere for the machine's
+#        Python, torch and CUDA; ignored by git), installed in seconds where its ops load; else built from
+#        .whl/mmcv-2.1.0.tar.gz for the visible GPU's architecture with MAX_JOBS = cores (minutes), the time printed
+#     2. Mask R-CNN + ReSwin-T (configs/mask_rcnn_reswin_t_3x.py --demo) trained for 200 iterations with its AMP,
 #        then tools/analysis/train_check.py: loss fell, no non-finite loss, max_memory_allocated, iterations/s
-#     4. one training step of every dense config of the T presets at its recipe's training size and per-GPU batch
-#        (tools/analysis/config_memory.py --per-gpu-step): max_memory_allocated and the time per iteration
-#     5. the T-preset backbone benchmark beside timm's Swin-T (tools/analysis/benchmark.py --suite t-presets)
+#     3. one training step of every dense config of the T presets at its recipe's training size and per-GPU batch
+#        (tools/analysis/config_memory.py --per-gpu-step): max_memory_allocated and the time per iteration, each
+#        beside its row of the memory table (docs/config_memory.json)
+#     4. the T-preset backbone benchmark beside timm's Swin-T (tools/analysis/benchmark.py --suite t-presets), then
+#        the cost model's estimate beside each measured train step (tools/analysis/roofline.py --beside)
+#     5. the CUDA tests (pytest tests/test_cuda.py -m cuda), FAN-ViT-T's CUDA-against-CPU test first
 #     6. where time is left, RMT/EVT's decay mask + SDPA against FlexAttention (tools/analysis/decay_attention.py)
 #   Everything goes to $OUT (where set) or work_dirs/gpu_check: env.txt, mmcv_build.log, cuda_tests.log/.xml,
-#   train.log, train_check.json, dense_steps.json, benchmark.json/.md/.log, decay_attention.json.
-#   --skip build,tests,train,dense,bench,decay leaves those steps out (without an mmcv with CUDA ops, the steps
+#   train.log, train_check.json, dense_steps.json, benchmark.json/.md/.log, roofline_beside.json,
+#   decay_attention.json.
+#   --skip build,train,dense,bench,tests,decay leaves those steps out (without an mmcv with CUDA ops, the steps
 #   that need none take mmcv's Python code from the sdist).
 #   --device cpu rehearses every step on the CPU (no build; the CUDA tests skip; 20 iterations; the dense steps at
 #   128x128 for two presets; the benchmarks at 224x320) to check the script itself; --quick shortens either run
@@ -68,7 +69,7 @@ want() {
 }
 
 # the seconds the steps named, those not skipped, need at least: what a step before them leaves of the budget
-declare -A NEEDS=([train]=100 [dense]=60 [bench]=90)
+declare -A NEEDS=([train]=100 [dense]=60 [bench]=90 [tests]=60)
 need() {
   local total=0 step
   for step in "$@"; do
@@ -124,7 +125,7 @@ build_mmcv() {
   includes=$("$py" -c 'import sys; sys.path.insert(0, "tools"); import setup_plan; print(":".join(setup_plan.nvidia_include_dirs()))')
   (cd "$build/src/mmcv-2.1.0" && CPATH=$includes${CPATH:+:$CPATH} FORCE_CUDA=1 MMCV_WITH_OPS=1 \
     TORCH_CUDA_ARCH_LIST=$arch MAX_JOBS=$jobs \
-    timeout "$(left 420 "$(need train dense bench)")" "$py" -m pip wheel -q --no-deps --no-build-isolation . -w "$PWD/../../wheels") \
+    timeout "$(left 420 "$(need train dense bench tests)")" "$py" -m pip wheel -q --no-deps --no-build-isolation . -w "$PWD/../../wheels") \
     >>"$out/mmcv_build.log" 2>&1 || {
       echo "the mmcv build stopped after $((SECONDS - start)) s (exit status $?; 124: out of its time)" |
         tee -a "$out/mmcv_build.log"
@@ -165,30 +166,14 @@ print("gpu:", torch.cuda.get_device_name() if torch.cuda.is_available() else "no
   } >"$out/env.txt" 2>&1
   cat "$out/env.txt"
 
-  local status=0 build=
+  local status=0
   if [ "$device" != cpu ] && want build; then
-    if compgen -G '.gpu_build/wheels/mmcv-2.1.0-*.whl' >/dev/null; then
-      build_mmcv "$out" || status=1
-    else
-      # the build takes every core while the CUDA tests, which use none of mmcv's ops, run
-      build_mmcv "$out" &
-      build=$!
-    fi
+    build_mmcv "$out" || status=1
   fi
-  # until (or unless) an mmcv is installed, its Python code from the sdist: the backbone steps need no compiled op
+  # where no mmcv is installed, its Python code from the sdist: the backbone steps need no compiled op
   local mmcv_dir
   mmcv_dir=$([ -f .whl/mmcv-2.1.0.tar.gz ] && mmcv_python || true)
   export PYTHONPATH=$PYTHONPATH${mmcv_dir:+:$mmcv_dir}
-
-  # a --basetemp of its own: pytest otherwise prunes the numbered temporary folders of other pytest sessions
-  if want tests; then
-    timeout "$(left 240 "$(need train dense bench)")" "$py" -m pytest tests/test_cuda.py -m cuda -p no:cacheprovider \
-      -v -rs --durations=10 --basetemp "$(mktemp -d)" --junitxml "$out/cuda_tests.xml" 2>&1 |
-      tee "$out/cuda_tests.log" || status=1
-  fi
-  if [ -n "$build" ] && ! wait "$build"; then
-    status=1
-  fi
   if [ "$device" != cpu ] && ! "$py" -c "$HAS_OPS" 2>/dev/null; then
     echo "gpu_check: no mmcv with CUDA ops; the detector steps cannot run" >&2
   fi
@@ -212,7 +197,7 @@ print("gpu:", torch.cuda.get_device_name() if torch.cuda.is_available() else "no
 
   # the demo keeps the recipe's AMP on a GPU (float32 on the CPU); evaluated before and after on val_images
   if want train; then
-    timeout "$(left 150 "$(need dense bench)")" "$py" tools/train.py configs/mask_rcnn_reswin_t_3x.py --demo --work-dir "$out/train" \
+    timeout "$(left 150 "$(need dense bench tests)")" "$py" tools/train.py configs/mask_rcnn_reswin_t_3x.py --demo --work-dir "$out/train" \
       --cfg-options "train_cfg.max_iters=$iters" "val_dataloader.dataset.indices=$val_images" \
       default_hooks.logger.interval=2 >"$out/train.log" 2>&1 || { tail -20 "$out/train.log"; status=1; }
     # on the CPU a few iterations check the script; whether the loss falls is the GPU run's question
@@ -222,13 +207,25 @@ print("gpu:", torch.cuda.get_device_name() if torch.cuda.is_available() else "no
 
   if want dense; then
     [ ${#presets[@]} -gt 0 ] && dense=(--all --presets "${presets[@]}" "${dense[@]}")
-    timeout "$(left 200 "$(need bench)")" "$py" tools/analysis/config_memory.py "${dense[@]}" --per-gpu-step \
+    timeout "$(left 200 "$(need bench tests)")" "$py" tools/analysis/config_memory.py "${dense[@]}" --per-gpu-step \
       --device "$device" --steps "$steps" --out "$out/dense_steps.json" 2>&1 | tail -n 100 || status=1
   fi
 
   if want bench; then
-    timeout "$(left 120)" "$py" tools/analysis/benchmark.py "${bench[@]}" 2>&1 | tee "$out/benchmark.log" ||
-      status=1
+    timeout "$(left 120 "$(need tests)")" "$py" tools/analysis/benchmark.py "${bench[@]}" 2>&1 |
+      tee "$out/benchmark.log" || status=1
+    [ -f "$out/benchmark.json" ] && { timeout "$(left 60 "$(need tests)")" "$py" tools/analysis/roofline.py \
+      --beside "$out/benchmark.json" --out "$out/roofline_beside.json" 2>&1 | tail -n 20 || status=1; }
+  fi
+  # a --basetemp of its own: pytest otherwise prunes the numbered temporary folders of other pytest sessions
+  if want tests; then
+    local first='tests/test_cuda.py::test_cuda_equals_cpu_t_preset[FAN-vit_t]'
+    ( rc=0
+      timeout "$(left 60)" "$py" -m pytest "$first" -m cuda -p no:cacheprovider -v -rs \
+        --basetemp "$(mktemp -d)" --junitxml "$out/cuda_tests_first.xml" || rc=1
+      timeout "$(left 240)" "$py" -m pytest tests/test_cuda.py -m cuda --deselect "$first" -p no:cacheprovider \
+        -v -rs --durations=10 --basetemp "$(mktemp -d)" --junitxml "$out/cuda_tests.xml" || rc=1
+      exit $rc ) 2>&1 | tee "$out/cuda_tests.log" || status=1
   fi
   # RMT/EVT's decay mask + SDPA against FlexAttention, where time is left
   if ! want decay; then

@@ -69,6 +69,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
+import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -97,6 +98,19 @@ SUITES = {
     't-presets': ('reswin_t', 'remvit_t', 'revit_b', 'rmt_t', 'evt_t', 'evt_swin_t', 'fan_vit_t', 'fan_hybrid_t',
                   'fan_swin_t', 'shunted_t', 'timm.swin_tiny_patch4_window7_224', 'timm.mvitv2_tiny'),
 }
+
+
+def write_between_markers(path: str, name: str, body: str) -> None:
+    """Replace what stands between ``<!-- NAME: begin -->`` and ``<!-- NAME: end -->`` in the page ``path``."""
+    begin, end = f'<!-- {name}: begin -->', f'<!-- {name}: end -->'
+    with open(path) as f:
+        text = f.read()
+    if begin not in text or end not in text:
+        raise ValueError(f'{path} has no {begin} ... {end} section to write the table into')
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    with open(path, 'w') as f:
+        f.write(f'{head}{begin}\n{body}\n{end}{tail}')
 
 
 class BenchmarkError(ValueError):
@@ -438,13 +452,20 @@ def _images(settings: BenchmarkSettings, generator: torch.Generator) -> List[tor
 
 
 def det_batch(model: nn.Module, settings: BenchmarkSettings, boxes_per_image: int = 8) -> dict:
-    """Images with random boxes (and masks when the detector has a mask head) as mmdet's loaders give them."""
+    """Images with random boxes (and masks when the detector has a mask head) as mmdet's loaders give them: masks
+    are uint8 bitmaps (mmdet's test helper makes float64 ones, eight times the bytes)."""
+    from mmdet.structures.mask import BitmapMasks
     from mmdet.testing import demo_mm_inputs
     h, w = settings.shape
     with_mask = bool(getattr(model, 'with_mask', False))
-    return demo_mm_inputs(settings.batch_size, image_shapes=[(3, h, w)] * settings.batch_size,
-                          num_items=[boxes_per_image] * settings.batch_size,
-                          num_classes=_num_classes(model, 80), with_mask=with_mask)
+    batch = demo_mm_inputs(settings.batch_size, image_shapes=[(3, h, w)] * settings.batch_size,
+                           num_items=[boxes_per_image] * settings.batch_size,
+                           num_classes=_num_classes(model, 80), with_mask=with_mask)
+    if with_mask:
+        for sample in batch['data_samples']:
+            masks = sample.gt_instances.masks
+            sample.gt_instances.masks = BitmapMasks(masks.masks.astype(np.uint8), masks.height, masks.width)
+    return batch
 
 
 def seg_batch(model: nn.Module, settings: BenchmarkSettings, generator: torch.Generator) -> dict:

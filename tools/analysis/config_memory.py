@@ -1,13 +1,13 @@
 """GPU memory a dense config needs per GPU: the training-step peak of its whole model, measured on the CPU.
 
-For each config: its whole model (backbone, neck, heads; pretraining off, SyncBN as BN) is built as the config
-says, at the largest image its training pipeline makes (:func:`training_size`: 800x1333 for the COCO recipes,
-the crop for the segmentation ones), with one image of synthetic data (8 boxes and masks for a detector, a label
-map for a segmentor; ``tools/analysis/benchmark.py``'s batches). One training step (forward, losses, backward,
-the config's optimizer) runs under :class:`~mmvisatt.testing.device_audit.LiveBytes`, which counts the bytes of
-the tensors alive, as CUDA's allocator counts ``max_memory_allocated``. A config trained with AMP runs under
-bf16 autocast (2-byte activations, as fp16 on a GPU), where the CPU runs the model in it; otherwise float32, and
-the row says that it is an upper bound.
+For each config: its whole model (backbone, neck, heads; pretraining off, SyncBN as BN) is built as the config says,
+at the largest batch shape its training pipeline makes (:func:`training_size`: images of a batch are padded to the
+largest height and width among them), with synthetic data (a detector's images hold the 93 instances of COCO's tail,
+boxes and uint8 masks, with proposals around them as a trained RPN makes them; a segmentor's a label map;
+``tools/analysis/benchmark.py``'s batches). One training step (forward, losses, backward, the config's optimizer)
+runs under :class:`~mmvisatt.testing.device_audit.LiveBytes`, which counts the bytes of the tensors alive, as CUDA's
+allocator counts ``max_memory_allocated``. The backbone runs on the meta device; autocast does not reach it there,
+so a config trained with AMP is measured in float32, its upper bound.
 
 The row is reported per GPU at the config's ``train_dataloader.batch_size``:
 
@@ -15,14 +15,17 @@ The row is reported per GPU at the config's ``train_dataloader.batch_size``:
 
 The forward/backward peak of one image holds the weights, the activations and the gradients made so far; counting
 the gradients once more in full and scaling the rest with the batch makes the row an upper bound of the step's
-``max_memory_allocated`` (exact in the activations, which grow with the batch; above it by what of the gradients
-is not alive at the activations' peak). Not counted: the CUDA context and cuDNN/cuBLAS workspaces (about 0.5-1 GB
-on an H100) and the allocator's fragmentation; ``--check-batch`` measures a second batch size directly, to compare.
+``max_memory_allocated`` (it also counts each image's transient buffers, such as the mask targets, once per image,
+though the heads make them one image at a time). Not counted: the allocator's rounding to 512-byte blocks (0.14 MB
+of Swin-T Mask R-CNN's 8.1 GB), cuDNN/cuBLAS workspaces and fragmentation; ``--check-batch`` measures a second
+batch size directly, to compare; ``--calibrate`` runs the method on mmdet's own Swin configs beside the peaks mmdet
+publishes for them (:data:`MMDET_SWIN_PUBLISHED`).
 
     python tools/analysis/config_memory.py configs/mask_rcnn_reswin_t_3x.py
     python tools/analysis/config_memory.py --all --out docs/config_memory.json --markdown docs/benchmarks.md
     python tools/analysis/config_memory.py --table docs/config_memory.json --markdown docs/benchmarks.md
     python tools/analysis/config_memory.py --all --presets reswin_t rmt_t --per-gpu-step --out steps.json
+    python tools/analysis/config_memory.py --calibrate
 
 ``--all`` measures every dense config (the configs of ``mmvisatt.task_configs.expected_configs`` that train a
 detector or a segmentor), sharing one measurement between configs whose model and training size are the same
@@ -35,7 +38,6 @@ import argparse
 import contextlib
 import datetime
 import gc
-import hashlib
 import json
 import os
 import os.path as osp
@@ -48,80 +50,39 @@ import torch.nn.functional as F
 from mmengine.config import Config
 
 sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
-from benchmark import BenchmarkSettings, ModelSpec, Workload  # noqa: E402  (the development bench beside it)
+# the development bench beside it
+from benchmark import BenchmarkSettings, ModelSpec, Workload, det_batch, write_between_markers  # noqa: E402
 
+from mmvisatt.engine.preflight.memory import (GB, LIMIT_GB, TAIL_INSTANCES, model_key,  # noqa: E402
+                                              per_gpu_bytes, scaled_step, training_size)
 from mmvisatt.task_configs import expected_configs  # noqa: E402
 from mmvisatt.testing.device_audit import LiveBytes  # noqa: E402
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 CONFIG_DIR = osp.join(REPO, 'configs')
-GB = 1e9
+TABLE = osp.join(REPO, 'docs', 'config_memory.json')
 _CPU_FLASH = 1  # torch._fused_sdp_choice's answer for the CPU's flash kernel (sdp::SDPBackend::flash_attention)
-#: the GPU memory every dense config must fit at its per-GPU batch (an A100 / H100 80 GB)
-LIMIT_GB = 80.0
 # also the order of --per-gpu-step, which a time limit may cut short: every preset's Mask R-CNN first, then UperNet
 DENSE_PREFIXES = ('mask_rcnn_', 'upernet_', 'cascade_mask_rcnn_', 'retinanet_', 'fpn_', 'segformer_')
-MARK_BEGIN, MARK_END = '<!-- config-memory: begin -->', '<!-- config-memory: end -->'
+AMP_AS_FLOAT32 = ('autocast does not reach the meta device the backbone runs on (its ops keep float32 there): '
+                  'the float32 step bounds the AMP one')
+#: mmdet's own published max_memory_allocated per GPU (8 GPUs x 2 images) for its Swin Mask R-CNN configs, in GB:
+#: open-mmlab/mmdetection@v3.3.0:configs/swin/README.md, the Mask R-CNN table's "Mem (GB)". The configs ship in
+#: the installed mmdet (mmdet/.mim/configs/swin/).
+MMDET_SWIN_PUBLISHED = {
+    'mask-rcnn_swin-t-p4-w7_fpn_1x_coco.py': 7.6,
+    'mask-rcnn_swin-t-p4-w7_fpn_ms-crop-3x_coco.py': 10.2,
+    'mask-rcnn_swin-t-p4-w7_fpn_amp-ms-crop-3x_coco.py': 7.8,
+    'mask-rcnn_swin-s-p4-w7_fpn_amp-ms-crop-3x_coco.py': 11.9,
+}
 
 
 def dense_configs(config_dir: str = CONFIG_DIR) -> List[str]:
     return [name for name in expected_configs(config_dir) if name.startswith(DENSE_PREFIXES)]
 
 
-def _box(scale: Any) -> Tuple[int, int]:
-    """(short, long) of a keep-ratio scale (mmcv reads (w, h) or (long, short) alike: the image fits both)."""
-    a, b = (int(scale), int(scale)) if isinstance(scale, (int, float)) else (int(scale[0]), int(scale[1]))
-    return min(a, b), max(a, b)
-
-
-def _walk(steps: Sequence[Any], size: Optional[Tuple[int, int]]) -> Optional[Tuple[int, int]]:
-    """The largest (h, w) after ``steps``, from ``size`` (None: any image, as large as the resizes allow)."""
-    for step in steps:
-        if isinstance(step, (list, tuple)):
-            size = _walk(step, size)
-            continue
-        kind = str(step.get('type', '')).split('.')[-1]
-        if kind == 'RandomChoice':
-            branches = [_walk(b if isinstance(b, (list, tuple)) else [b], size) for b in step['transforms']]
-            branches = [b for b in branches if b is not None]
-            size = max(branches, key=lambda hw: hw[0] * hw[1]) if branches else size
-        elif kind in ('Resize', 'RandomResize', 'RandomChoiceResize') and (step.get('scale') or step.get('scales')):
-            scales = step.get('scales') or [step['scale']]
-            ratio = max(step.get('ratio_range') or (1.0, 1.0)) if kind == 'RandomResize' else 1.0
-            short, long = max((_box(s) for s in scales), key=lambda sl: sl[0] * sl[1])
-            size = (int(short * ratio), int(long * ratio))
-        elif kind in ('RandomCrop', 'FixShapeResize') and step.get('crop_size') is not None and size is not None:
-            crop = step['crop_size']
-            crop = (crop, crop) if isinstance(crop, int) else (int(crop[0]), int(crop[1]))
-            size = (min(size[0], crop[0]), min(size[1], crop[1]))
-        elif kind == 'Pad' and step.get('size') is not None:
-            w, h = step['size']
-            size = (int(h), int(w))
-    return size
-
-
-def training_size(cfg: Config) -> Tuple[int, int]:
-    """The largest (height, width) the config's training pipeline makes (before the data preprocessor's padding
-    to a multiple of 32, which the model applies itself)."""
-    dataset = cfg.train_dataloader.dataset
-    while 'pipeline' not in dataset and 'dataset' in dataset:  # RepeatDataset / ConcatDataset wrappers
-        dataset = dataset.dataset
-    size = _walk(dataset.get('pipeline') or [], None)
-    if size is None:
-        raise ValueError('no resize or crop in the training pipeline to take the size from: pass --shape H W')
-    return size
-
-
 def uses_amp(cfg: Config) -> bool:
     return str((cfg.get('optim_wrapper') or {}).get('type', '')).endswith('AmpOptimWrapper')
-
-
-def model_key(cfg: Config, shape: Tuple[int, int], dtype: str) -> str:
-    """Configs with the same model, optimizer type, size and dtype share one measurement (the learning rate, which
-    the 1x and 3x recipes set apart, changes no tensor's size)."""
-    optimizer = ((cfg.get('optim_wrapper') or {}).get('optimizer') or {}).get('type')
-    text = json.dumps([cfg.model.to_dict(), optimizer, shape, dtype], sort_keys=True, default=str)
-    return hashlib.sha1(text.encode()).hexdigest()[:12]
 
 
 def _state_bytes(optimizer: torch.optim.Optimizer) -> int:
@@ -199,6 +160,39 @@ def meta_sdpa_as_on_the_host() -> Iterator[None]:
         F.scaled_dot_product_attention = sdpa
 
 
+@contextlib.contextmanager
+def proposals_around_objects(model: torch.nn.Module) -> Iterator[None]:
+    """A two-stage detector's proposals as a trained RPN makes them, around the objects: jittered copies of the
+    ground-truth boxes, as many as the RPN keeps, so that every RoI sampler takes its full share of positives
+    (Mask R-CNN's: 128 of 512 per image), each with a mask target made at the padded image's size. An untrained
+    RPN's proposals barely meet the objects; a step with them misses most of that memory. The RPN's own losses
+    and assignment run as they are."""
+    rpn = getattr(model, 'rpn_head', None)
+    if rpn is None:
+        yield
+        return
+    loss_and_predict = rpn.loss_and_predict
+
+    def around(x, samples, proposal_cfg=None):
+        losses, results = loss_and_predict(x, samples, proposal_cfg=proposal_cfg)
+        generator = torch.Generator().manual_seed(0)
+        for result, sample in zip(results, samples):
+            boxes = sample.gt_instances.bboxes
+            boxes = getattr(boxes, 'tensor', boxes)
+            if len(boxes) == 0 or len(result) == 0:
+                continue
+            pick = torch.randint(0, len(boxes), (len(result), ), generator=generator)
+            base = boxes[pick].to(result.bboxes)
+            size = (base[:, 2:] - base[:, :2]).repeat(1, 2)
+            result.bboxes = base + 0.05 * size * torch.randn(base.shape, generator=generator).to(base)
+        return losses, results
+    rpn.loss_and_predict = around
+    try:
+        yield
+    finally:
+        del rpn.loss_and_predict
+
+
 def run_backbone_on_meta(backbone: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
     """Move ``backbone`` to the meta device and make its forward take host images and return host features: its
     tensors are allocated (and counted) with their shapes and dtypes, and none of its arithmetic runs. The
@@ -219,13 +213,17 @@ def run_backbone_on_meta(backbone: torch.nn.Module, optimizer: torch.optim.Optim
 
 
 def measure_step(config: str, shape: Tuple[int, int], dtype: str, batch_size: int = 1,
-                 meta_backbone: bool = True) -> Dict[str, Any]:
+                 meta_backbone: bool = True, instances: int = TAIL_INSTANCES) -> Dict[str, Any]:
     """One training step of ``config``'s model at ``shape`` under :class:`LiveBytes`: bytes of the weights
     (parameters and buffers), gradients, optimizer state, and the forward/backward peak. ``meta_backbone``: the
-    backbone runs on the meta device (:func:`run_backbone_on_meta`), the neck and heads on the host."""
+    backbone runs on the meta device (:func:`run_backbone_on_meta`), the neck and heads on the host. A detector's
+    images hold ``instances`` boxes (and masks) each, and its proposals lie around them
+    (:func:`proposals_around_objects`)."""
     settings = BenchmarkSettings(shape=shape, batch_size=batch_size, dtype=dtype, device='cpu', warmup=0, repeats=1)
     workload = Workload(ModelSpec(config), settings)
     model, optimizer = workload.model, workload.optimizer
+    if workload.kind == 'det':
+        workload.batch = det_batch(model, settings, boxes_per_image=instances)
     if meta_backbone:
         run_backbone_on_meta(model.backbone, optimizer)
     params = [p for p in model.parameters()]
@@ -234,7 +232,7 @@ def measure_step(config: str, shape: Tuple[int, int], dtype: str, batch_size: in
     model.train()
     start = time.perf_counter()
     tracker = LiveBytes()
-    with tracker, cpu_ops_in_float32(), meta_sdpa_as_on_the_host():
+    with tracker, cpu_ops_in_float32(), meta_sdpa_as_on_the_host(), proposals_around_objects(model):
         tracker.add((params, list(model.buffers()), workload.batch))
         with workload.autocast():
             data = model.data_preprocessor(workload.batch, True)
@@ -257,21 +255,24 @@ def measure_device_step(config: str, shape: Tuple[int, int], batch_size: int, am
                         steps: int = 3) -> Dict[str, Any]:
     """What the table estimates, measured where the config trains: training steps of ``config`` at ``shape`` and
     ``batch_size`` (on CUDA fp16 autocast with a loss scaler where the config trains with AMP, as
-    ``AmpOptimWrapper``; float32 elsewhere) after one warm-up step: the median time of a step and, on CUDA,
-    ``max_memory_allocated`` (CUDA events time the steps)."""
+    ``AmpOptimWrapper``; float32 elsewhere) after one warm-up step, a detector's with the table's instances and
+    proposals: the median time of a step and, on CUDA, ``max_memory_allocated``."""
     cuda = torch.device(device).type == 'cuda'
     settings = BenchmarkSettings(shape=shape, batch_size=batch_size, dtype='fp16' if amp and cuda else 'float32',
                                  device=device, warmup=1, repeats=steps)
     workload = Workload(ModelSpec(config), settings)
-    workload.train_step()
-    if cuda:
-        torch.cuda.synchronize(device)
-        torch.cuda.reset_peak_memory_stats(device)
+    if workload.kind == 'det':  # the table's worst case: COCO's tail of instances, proposals around them
+        workload.batch = det_batch(workload.model, settings, boxes_per_image=TAIL_INSTANCES)
     times = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        loss = float(workload.train_step())  # reads the loss back: the step has ended on the device
-        times.append(time.perf_counter() - start)
+    with proposals_around_objects(workload.model):
+        workload.train_step()
+        if cuda:
+            torch.cuda.synchronize(device)
+            torch.cuda.reset_peak_memory_stats(device)
+        for _ in range(steps):
+            start = time.perf_counter()
+            loss = float(workload.train_step())  # reads the loss back: the step has ended on the device
+            times.append(time.perf_counter() - start)
     result = dict(config=osp.basename(config), shape=list(shape), batch_per_gpu=batch_size, dtype=settings.dtype,
                   seconds_per_iter=round(sorted(times)[len(times) // 2], 4), loss=loss, device=device)
     if cuda:
@@ -285,42 +286,15 @@ def measure_device_step(config: str, shape: Tuple[int, int], batch_size: int, am
     return result
 
 
-def per_gpu_bytes(step: Dict[str, Any], batch_size: int) -> int:
-    """The module docstring's upper bound at ``batch_size`` images per GPU, from a :func:`measure_step` of
-    ``step['batch']`` images (one, or two for a model whose BatchNorm sees a single value per channel at one)."""
-    per_image = (step['fwd_bwd_peak'] - step['weights']) / step.get('batch', 1)
-    return int(step['weights'] + step['grads'] + step['optimizer_state'] + batch_size * per_image)
-
-
-_BF16_VERDICTS: Dict[str, Tuple[str, Optional[str]]] = {}
-
-
-def _runs_in_bf16(config: str, cfg: Config, shape: Tuple[int, int]) -> Tuple[str, Optional[str]]:
-    """'bf16' when a config trained with AMP runs its step under bf16 autocast on the CPU, else 'float32' and why
-    (mmcv's CPU RoIAlign, for one, has no bf16 kernel). Tried once per backbone type and heads, at 256x256 at most."""
-    key = json.dumps([cfg.model.backbone.get('type'), {k: v for k, v in cfg.model.items() if k != 'backbone'}],
-                     sort_keys=True, default=str)
-    if key not in _BF16_VERDICTS:
-        try:
-            measure_step(config, (min(shape[0], 256), min(shape[1], 256)), 'bf16')
-            _BF16_VERDICTS[key] = ('bf16', None)
-        except RuntimeError as error:
-            _BF16_VERDICTS[key] = ('float32', f'{type(error).__name__}: {str(error).splitlines()[0][:160]}')
-    return _BF16_VERDICTS[key]
-
-
 def measure_config(config: str, shape: Optional[Tuple[int, int]] = None, cache: Optional[dict] = None,
-                   check_batch: Optional[int] = None, bf16: bool = True) -> Dict[str, Any]:
+                   check_batch: Optional[int] = None) -> Dict[str, Any]:
     """The row of ``config``: its training size, dtype, per-GPU batch and GPUs, the one-image step and the per-GPU
-    bytes. ``cache`` (model key -> step) shares measurements between configs. ``bf16`` False measures an AMP config
-    in float32, its upper bound (bf16 arithmetic is emulated, and slow, on CPUs without bf16 instructions)."""
+    bytes. ``cache`` (model key -> step) shares measurements between configs. A config trained with AMP is
+    measured in float32, its upper bound: autocast does not reach the meta device the backbone runs on."""
     cfg = Config.fromfile(config)
     shape = tuple(shape) if shape else training_size(cfg)
     amp = uses_amp(cfg)
-    if amp and not bf16:
-        dtype, why_float32 = 'float32', 'bf16 not asked for (--float32)'
-    else:
-        dtype, why_float32 = _runs_in_bf16(config, cfg, shape) if amp else ('float32', None)
+    dtype, why_float32 = 'float32', (AMP_AS_FLOAT32 if amp else None)
     key = model_key(cfg, shape, dtype)
     if cache is not None and key in cache:
         step = cache[key]
@@ -348,6 +322,35 @@ def measure_config(config: str, shape: Optional[Tuple[int, int]] = None, cache: 
     return row
 
 
+def mmdet_swin_configs() -> str:
+    import mmdet
+    return osp.join(osp.dirname(mmdet.__file__), '.mim', 'configs', 'swin')
+
+
+def calibrate(names: Optional[Sequence[str]] = None) -> List[Dict[str, Any]]:
+    """The table's method on mmdet's own Swin Mask R-CNN configs (those of :data:`MMDET_SWIN_PUBLISHED`, or
+    ``names``), each beside the ``max_memory_allocated`` mmdet publishes for it."""
+    rows = []
+    for name in names or MMDET_SWIN_PUBLISHED:
+        row = measure_config(osp.join(mmdet_swin_configs(), name))
+        published = MMDET_SWIN_PUBLISHED[name]
+        rows.append(dict(config=name, shape=row['shape'], batch_per_gpu=row['batch_per_gpu'], amp=row['amp'],
+                         dtype=row['dtype'], published_gb=published, estimate_gb=round(row['per_gpu'] / GB, 2),
+                         ratio=round(row['per_gpu'] / GB / published, 2)))
+    return rows
+
+
+def calibration_table(rows: Iterable[Dict[str, Any]]) -> str:
+    lines = ['| mmdet config | batch shape | images / GPU | AMP | published (GB) | estimate (GB) | '
+             'estimate / published |',
+             '|---|---|---|---|---|---|---|']
+    for row in rows:
+        amp = 'yes (estimated in float32)' if row['amp'] else 'no'
+        lines.append(f"| {row['config']} | {row['shape'][0]}x{row['shape'][1]} | {row['batch_per_gpu']} | {amp} | "
+                     f"{row['published_gb']} | {row['estimate_gb']:.2f} | {row['ratio']:.2f} |")
+    return '\n'.join(lines)
+
+
 def _gb(n: int) -> str:
     return f'{n / GB:.1f}'
 
@@ -368,16 +371,8 @@ def markdown_table(rows: Iterable[Dict[str, Any]]) -> str:
 
 def write_markdown(path: str, rows: Sequence[Dict[str, Any]], when: str) -> None:
     """Put the table between the config-memory markers of ``path``."""
-    with open(path) as f:
-        text = f.read()
-    if MARK_BEGIN not in text or MARK_END not in text:
-        raise ValueError(f'{path} has no {MARK_BEGIN} ... {MARK_END} section to write the table into')
-    head, rest = text.split(MARK_BEGIN, 1)
-    _, tail = rest.split(MARK_END, 1)
-    body = (f'{MARK_BEGIN}\n<!-- written by tools/analysis/config_memory.py from docs/config_memory.json; '
-            f'measured {when} -->\n{markdown_table(rows)}\n{MARK_END}')
-    with open(path, 'w') as f:
-        f.write(head + body + tail)
+    write_between_markers(path, 'config-memory', '<!-- written by tools/analysis/config_memory.py from '
+                          f'docs/config_memory.json; measured {when} -->\n{markdown_table(rows)}')
 
 
 def step_order(name: str, presets: Optional[Sequence[str]] = None) -> Tuple[int, int, str]:
@@ -403,6 +398,10 @@ def measure_on_device(configs: Sequence[str], args: argparse.Namespace) -> int:
     """``--per-gpu-step``: :func:`measure_device_step` of each config (1x and 3x of one model once), one JSON line each;
     a config that fails is reported and the others still run."""
     rows, seen, failed = [], {}, 0
+    table = {}
+    if osp.isfile(TABLE):
+        with open(TABLE) as f:
+            table = json.load(f)['rows']
     for config in configs:
         cfg = Config.fromfile(config)
         shape = tuple(args.shape) if args.shape else training_size(cfg)
@@ -419,6 +418,12 @@ def measure_on_device(configs: Sequence[str], args: argparse.Namespace) -> int:
                 if torch.cuda.is_available():
                     torch.cuda.empty_cache()
             seen[(key, batch)] = row
+        estimate = table.get(osp.basename(config))
+        if estimate is not None and 'error' not in row:
+            # the table's row at this step's size and batch: what the device measured checks it
+            row['table_per_gpu'] = per_gpu_bytes(scaled_step(estimate, shape), batch)
+            if row.get('max_memory_allocated'):
+                row['measured_over_table'] = round(row['max_memory_allocated'] / row['table_per_gpu'], 3)
         rows.append(row)
         print(json.dumps(row), flush=True)
         if args.out:
@@ -433,8 +438,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument('--all', action='store_true', help='every dense config of configs/')
     parser.add_argument('--shape', type=int, nargs=2, metavar=('H', 'W'), help='instead of the training size')
     parser.add_argument('--check-batch', type=int, help='also measure this batch size directly, to compare')
-    parser.add_argument('--float32', action='store_true',
-                        help='measure AMP configs in float32 too: their upper bound, without emulated bf16')
     parser.add_argument('--out', help='JSON of the rows (rows of other configs already there are kept)')
     parser.add_argument('--table', help='write the markdown table from this JSON without measuring')
     parser.add_argument('--markdown', help='a page with the config-memory markers to write the table into')
@@ -446,6 +449,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument('--per-gpu-step', action='store_true',
                         help="instead of the table's estimate: each config's training steps at its per-GPU batch on "
                              '--device (max_memory_allocated on CUDA, time per iteration)')
+    parser.add_argument('--calibrate', action='store_true',
+                        help="the method on mmdet's Swin Mask R-CNN configs beside the peaks mmdet publishes")
     parser.add_argument('--device', default='cuda', help='for --per-gpu-step (default: cuda)')
     parser.add_argument('--steps', type=int, default=3, help='for --per-gpu-step: timed steps after the warm-up')
     args = parser.parse_args(argv)
@@ -457,6 +462,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if args.markdown:
             write_markdown(args.markdown, list(data['rows'].values()), data['measured'])
         print(markdown_table(data['rows'].values()))
+        return 0
+    if args.calibrate:
+        print(calibration_table(calibrate()))
         return 0
     configs = [osp.join(CONFIG_DIR, name) for name in dense_configs()] if args.all else args.configs
     if args.presets:
@@ -476,8 +484,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for config in configs:
         if args.resume and osp.basename(config) in data['rows']:
             continue
-        row = measure_config(config, tuple(args.shape) if args.shape else None, cache, args.check_batch,
-                             bf16=not args.float32)
+        row = measure_config(config, tuple(args.shape) if args.shape else None, cache, args.check_batch)
         data['rows'][row['config']] = row
         print(json.dumps({k: v for k, v in row.items() if k != 'step'} | dict(
             one_image_gb=round((per_gpu_bytes(row['step'], 1) - row['step']['grads']) / GB, 2),

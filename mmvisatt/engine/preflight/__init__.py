@@ -12,6 +12,9 @@ instead of minutes later inside a dataloader worker or a weight initialiser. ``t
 4. for training, the work dir (:mod:`.work_dir`): no other run is training in it (:func:`claim_work_dir`, held by
    ``train_main`` while the run lasts).
 
+Training also estimates a dense config's per-GPU memory from the measured table (:mod:`.memory`) right after its
+keys, and warns where it exceeds the GPU's.
+
 What only the built model can tell (a checkpoint's fit, the neck's input channels) is checked after the build
 (:func:`check_checkpoint_fits`, :class:`~mmvisatt.engine.hooks.ChannelCheckHook`).
 """
@@ -30,6 +33,7 @@ from .data import (DROPPED_ERROR_FRACTION, DROPPED_WARN_FRACTION, MAX_CHECKED_AN
                    CorruptImageError, MissingDataError,
                    check_coco_annotations, check_data, check_dataset_contents, check_evaluator_files,
                    explain_image_error, head_num_classes, image_dir, image_dirs, leaf_datasets)
+from .memory import check_gpu_memory
 from .work_dir import WorkDirInUseError, WorkDirLock, claim_work_dir
 
 
@@ -55,6 +59,7 @@ def check_train(cfg: Config, scope: str, config_file: str, options: Optional[Dic
     types give the default classes); returns the warnings that were logged."""
     loaders = ('train_dataloader', 'val_dataloader')
     check_config_keys(cfg, config_file, options, unmerged)
+    memory = check_gpu_memory(cfg, config_file)
     check_format_only(cfg, ('val_evaluator', ))
     check_data(cfg, loaders)
     check_evaluator_files(cfg)
@@ -62,7 +67,7 @@ def check_train(cfg: Config, scope: str, config_file: str, options: Optional[Dic
     check_pretrained(cfg)
     check_resume_file(cfg)
     check_model_files(cfg)
-    return check_compile_memory_paths(cfg) + check_dataset_contents(cfg, scope, loaders)
+    return memory + check_compile_memory_paths(cfg) + check_dataset_contents(cfg, scope, loaders)
 
 
 def check_test(cfg: Config, scope: str, config_file: str, options: Optional[Dict[str, Any]] = None,
