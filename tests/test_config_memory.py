@@ -167,3 +167,11 @@ def test_train_runs_the_memory_check_in_its_preflight(monkeypatch):
         msg, *a, **k))
     prepare_train([osp.join(CONFIGS, 'mask_rcnn_reswin_t_1x.py'), '--demo'])
     assert any('more than the 0.5 GB of the GPU (a 0.5 GB test GPU)' in message for message in logged), logged
+
+
+def test_a_pipeline_the_walker_cannot_read_is_estimated_at_the_rows_size(table):
+    name = 'mask_rcnn_reswin_t_1x.py'
+    cfg, _ = _recipe(name)
+    cfg.train_dataloader.dataset.pipeline[2] = dict(type='Resize', scale='as large as it gets')
+    _, shape, _ = memory.estimate_per_gpu(cfg, table['rows'][name])
+    assert shape == tuple(table['rows'][name]['shape'])

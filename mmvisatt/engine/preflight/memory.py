@@ -201,7 +201,8 @@ def estimate_per_gpu(cfg: Config, row: Dict[str, Any]) -> Tuple[int, Tuple[int, 
     step the bound is computed from."""
     try:
         shape = training_size(cfg)
-    except ValueError:
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError):
+        # a pipeline the walker cannot read (no resize, a transform of its own): the row's size
         shape = tuple(row['shape'])
     step = scaled_step(row, shape)
     return per_gpu_bytes(step, int(cfg.train_dataloader.batch_size)), shape, step
