@@ -494,12 +494,12 @@ def spread(recipe: TrainRecipe, gpus: int) -> TrainRecipe:
     :data:`GPUS` GPUs is over 80 GB even with what ``recipe.memory`` turns on (docs/benchmarks.md, Memory per
     GPU)."""
     spread_out = dataclasses.replace(recipe, gpus=gpus)
-    turned_on = recipe.memory.split(':')[0] + ' and ' if recipe.memory else ''
+    kept = recipe.memory.split(':')[0] if recipe.memory else ''  # what the recipe already turns on
     return dataclasses.replace(
-        spread_out, memory=f'{turned_on}{gpus} GPUs x {spread_out.images_per_gpu}: at {recipe.images_per_gpu} images '
-                           f'per GPU the training step at this recipe\'s largest padded batch (1250x1333) is over 80 '
-                           f'GB{" with " + turned_on[:-5] if turned_on else ""} (docs/benchmarks.md, Memory per GPU); '
-                           f'the total batch stays {recipe.total_batch}')
+        spread_out, memory=f'{kept + " and " if kept else ""}{gpus} GPUs x {spread_out.images_per_gpu}: at '
+                           f'{recipe.images_per_gpu} images per GPU the training step at this recipe\'s largest '
+                           f'padded batch (1250x1333) is over 80 GB{" with " + kept if kept else ""} '
+                           f'(docs/benchmarks.md, Memory per GPU); the total batch stays {recipe.total_batch}')
 
 
 #: the multi-scale crop 3x recipes whose batch is spread over more GPUs, and over how many

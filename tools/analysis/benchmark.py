@@ -151,7 +151,8 @@ class ModelSpec:
 @dataclass
 class BenchmarkSettings:
     """How to measure. ``shape`` is (height, width); ``with_cp`` None keeps the backbone's own setting;
-    ``threads`` None keeps torch's default (``OMP_NUM_THREADS``); ``clock`` see the module docstring."""
+    ``threads`` None keeps torch's default (``OMP_NUM_THREADS``); ``clock`` see the module docstring;
+    ``boxes_per_image``: instances in each image of a detector's synthetic batch."""
     shape: Tuple[int, int] = (224, 224)
     batch_size: int = 1
     dtype: str = 'float32'
@@ -163,6 +164,7 @@ class BenchmarkSettings:
     threads: Optional[int] = None
     seed: int = 0
     clock: str = 'wall'
+    boxes_per_image: int = 8
 
     def __post_init__(self):
         self.dtype = DTYPE_ALIASES.get(self.dtype, self.dtype)
@@ -171,7 +173,7 @@ class BenchmarkSettings:
         self.shape = tuple(int(s) for s in self.shape)
         if len(self.shape) != 2 or min(self.shape) < 1:
             raise BenchmarkError(f'shape must be two positive integers (height, width), got {self.shape}.')
-        for name in ('batch_size', 'repeats', 'memory_steps'):
+        for name in ('batch_size', 'repeats', 'memory_steps', 'boxes_per_image'):
             if getattr(self, name) < 1:
                 raise BenchmarkError(f'{name} must be at least 1, got {getattr(self, name)}.')
         if self.warmup < 0:
@@ -451,15 +453,16 @@ def _images(settings: BenchmarkSettings, generator: torch.Generator) -> List[tor
             for _ in range(settings.batch_size)]
 
 
-def det_batch(model: nn.Module, settings: BenchmarkSettings, boxes_per_image: int = 8) -> dict:
-    """Images with random boxes (and masks when the detector has a mask head) as mmdet's loaders give them: masks
-    are uint8 bitmaps (mmdet's test helper makes float64 ones, eight times the bytes)."""
+def det_batch(model: nn.Module, settings: BenchmarkSettings) -> dict:
+    """Images with ``settings.boxes_per_image`` random boxes each (and masks when the detector has a mask head) as
+    mmdet's loaders give them: masks are uint8 bitmaps (mmdet's test helper makes float64 ones, eight times the
+    bytes)."""
     from mmdet.structures.mask import BitmapMasks
     from mmdet.testing import demo_mm_inputs
     h, w = settings.shape
     with_mask = bool(getattr(model, 'with_mask', False))
     batch = demo_mm_inputs(settings.batch_size, image_shapes=[(3, h, w)] * settings.batch_size,
-                           num_items=[boxes_per_image] * settings.batch_size,
+                           num_items=[settings.boxes_per_image] * settings.batch_size,
                            num_classes=_num_classes(model, 80), with_mask=with_mask)
     if with_mask:
         for sample in batch['data_samples']:

@@ -51,16 +51,15 @@ from mmengine.config import Config
 
 sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
 # the development bench beside it
-from benchmark import BenchmarkSettings, ModelSpec, Workload, det_batch, write_between_markers  # noqa: E402
+from benchmark import BenchmarkSettings, ModelSpec, Workload, write_between_markers  # noqa: E402
 
 from mmvisatt.engine.preflight.memory import (GB, LIMIT_GB, TAIL_INSTANCES, model_key,  # noqa: E402
-                                              per_gpu_bytes, scaled_step, training_size)
+                                              per_gpu_bytes, scaled_step, table_path, training_size)
 from mmvisatt.task_configs import expected_configs  # noqa: E402
 from mmvisatt.testing.device_audit import LiveBytes  # noqa: E402
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 CONFIG_DIR = osp.join(REPO, 'configs')
-TABLE = osp.join(REPO, 'docs', 'config_memory.json')
 _CPU_FLASH = 1  # torch._fused_sdp_choice's answer for the CPU's flash kernel (sdp::SDPBackend::flash_attention)
 # also the order of --per-gpu-step, which a time limit may cut short: every preset's Mask R-CNN first, then UperNet
 DENSE_PREFIXES = ('mask_rcnn_', 'upernet_', 'cascade_mask_rcnn_', 'retinanet_', 'fpn_', 'segformer_')
@@ -93,31 +92,6 @@ def _state_bytes(optimizer: torch.optim.Optimizer) -> int:
                 seen.add(id(value))
                 total += value.untyped_storage().nbytes()
     return total
-
-
-@contextlib.contextmanager
-def cpu_ops_in_float32() -> Iterator[None]:
-    """mmcv's RoIAlign and NMS have no bf16 kernels on the CPU (their CUDA kernels run fp16): under bf16 autocast
-    they compute in float32 here, and RoIAlign hands back bf16, as its CUDA kernel gives under AMP."""
-    import mmcv.ops  # noqa: F401  (the package's names are the functions; the modules are in sys.modules)
-    align, nms = sys.modules['mmcv.ops.roi_align'], sys.modules['mmcv.ops.nms']
-    roi_align, nms_op = align.roi_align, nms.NMSop
-
-    def float32_roi_align(input, rois, *args, **kwargs):
-        if input.dtype == torch.bfloat16 and input.device.type == 'cpu':
-            return roi_align(input.float(), rois.float(), *args, **kwargs).to(input.dtype)
-        return roi_align(input, rois, *args, **kwargs)
-
-    class Float32NMS:
-        @staticmethod
-        def apply(boxes, scores, *args):
-            return nms_op.apply(boxes.float(), scores.float(), *args)
-
-    align.roi_align, nms.NMSop = float32_roi_align, Float32NMS
-    try:
-        yield
-    finally:
-        align.roi_align, nms.NMSop = roi_align, nms_op
 
 
 class _MetaToHost(torch.autograd.Function):
@@ -219,11 +193,10 @@ def measure_step(config: str, shape: Tuple[int, int], dtype: str, batch_size: in
     backbone runs on the meta device (:func:`run_backbone_on_meta`), the neck and heads on the host. A detector's
     images hold ``instances`` boxes (and masks) each, and its proposals lie around them
     (:func:`proposals_around_objects`)."""
-    settings = BenchmarkSettings(shape=shape, batch_size=batch_size, dtype=dtype, device='cpu', warmup=0, repeats=1)
+    settings = BenchmarkSettings(shape=shape, batch_size=batch_size, dtype=dtype, device='cpu', warmup=0, repeats=1,
+                                 boxes_per_image=instances)
     workload = Workload(ModelSpec(config), settings)
     model, optimizer = workload.model, workload.optimizer
-    if workload.kind == 'det':
-        workload.batch = det_batch(model, settings, boxes_per_image=instances)
     if meta_backbone:
         run_backbone_on_meta(model.backbone, optimizer)
     params = [p for p in model.parameters()]
@@ -232,7 +205,7 @@ def measure_step(config: str, shape: Tuple[int, int], dtype: str, batch_size: in
     model.train()
     start = time.perf_counter()
     tracker = LiveBytes()
-    with tracker, cpu_ops_in_float32(), meta_sdpa_as_on_the_host(), proposals_around_objects(model):
+    with tracker, meta_sdpa_as_on_the_host(), proposals_around_objects(model):
         tracker.add((params, list(model.buffers()), workload.batch))
         with workload.autocast():
             data = model.data_preprocessor(workload.batch, True)
@@ -258,11 +231,10 @@ def measure_device_step(config: str, shape: Tuple[int, int], batch_size: int, am
     ``AmpOptimWrapper``; float32 elsewhere) after one warm-up step, a detector's with the table's instances and
     proposals: the median time of a step and, on CUDA, ``max_memory_allocated``."""
     cuda = torch.device(device).type == 'cuda'
+    # the table's worst case: COCO's tail of instances, proposals around them
     settings = BenchmarkSettings(shape=shape, batch_size=batch_size, dtype='fp16' if amp and cuda else 'float32',
-                                 device=device, warmup=1, repeats=steps)
+                                 device=device, warmup=1, repeats=steps, boxes_per_image=TAIL_INSTANCES)
     workload = Workload(ModelSpec(config), settings)
-    if workload.kind == 'det':  # the table's worst case: COCO's tail of instances, proposals around them
-        workload.batch = det_batch(workload.model, settings, boxes_per_image=TAIL_INSTANCES)
     times = []
     with proposals_around_objects(workload.model):
         workload.train_step()
@@ -362,7 +334,7 @@ def markdown_table(rows: Iterable[Dict[str, Any]]) -> str:
         step = row['step']
         one = per_gpu_bytes(step, 1) - step['grads']
         gpus = f" ({row['gpus']})" if row.get('gpus') else ''
-        amp = 'bf16' if row['dtype'] == 'bf16' else ('float32, upper bound' if row['amp'] else 'no (float32)')
+        amp = 'float32, upper bound' if row['amp'] else 'no (float32)'
         flag = ' **over 80**' if row['per_gpu'] > LIMIT_GB * GB else ''
         lines.append(f"| {row['config']} | {row['shape'][0]}x{row['shape'][1]} | {row['batch_per_gpu']}{gpus} | "
                      f"{amp} | {step['params'] / 1e6:.1f} | {_gb(one)} | {_gb(row['per_gpu'])}{flag} |")
@@ -398,9 +370,9 @@ def measure_on_device(configs: Sequence[str], args: argparse.Namespace) -> int:
     """``--per-gpu-step``: :func:`measure_device_step` of each config (1x and 3x of one model once), one JSON line each;
     a config that fails is reported and the others still run."""
     rows, seen, failed = [], {}, 0
-    table = {}
-    if osp.isfile(TABLE):
-        with open(TABLE) as f:
+    table, path = {}, table_path()
+    if path is not None:
+        with open(path) as f:
             table = json.load(f)['rows']
     for config in configs:
         cfg = Config.fromfile(config)

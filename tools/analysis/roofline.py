@@ -30,6 +30,7 @@ It is an estimate: what a GPU run measures checks it (``tools/gpu_check.sh run``
 import argparse
 import contextlib
 import json
+import math
 import os.path as osp
 import sys
 from collections import defaultdict
@@ -74,10 +75,7 @@ def _convolution_backward_flops(grad_output, input, weight, bias_sizes, stride, 
     """The forward's FLOPs for each of the input and weight gradients asked for. (torch.utils.flop_counter counts
     a grouped convolution's input gradient as a dense one's: 257x the forward for a depthwise 3x3 on 256
     channels.)"""
-    kernel = 1
-    for k in weight.shape[2:]:
-        kernel *= k
-    forward = 2 * (input.numel() if transposed else grad_output.numel()) * weight.shape[1] * kernel
+    forward = 2 * (input.numel() if transposed else grad_output.numel()) * weight.shape[1] * math.prod(weight.shape[2:])
     return forward * (int(output_mask[0]) + int(output_mask[1]))
 
 
