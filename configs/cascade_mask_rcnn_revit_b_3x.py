@@ -5,9 +5,9 @@
 # Why: no ReViT-B detection recipe was published; ViTDet's ViT-B recipe (a plain ViT-B with a simple feature pyramid,
 # as ours). Global attention keeps every score map at detection sizes: expect the memory of ViTDet's global blocks in
 # all 12.
-# Memory: with_cp=True, carry_factors=True and 16 GPUs x 4: at 8 images per GPU the training step at this recipe's
-# largest padded batch (1250x1333) is over 80 GB with with_cp=True, carry_factors=True (docs/benchmarks.md, Memory per
-# GPU); the total batch stays 64.
+# Memory: with_cp=True, score_memory='factors' and 16 GPUs x 4: at 8 images per GPU the training step at this recipe's
+# largest padded batch (1250x1333) is over 80 GB with with_cp=True, score_memory='factors' (docs/benchmarks.md, Memory
+# per GPU); the total batch stays 64.
 # Every value with its source line, and each deviation with its reason: docs/recipes.md. Backbone settings in
 # _base_/backbones/revit_b.py.
 # Written by tools/misc/generate_configs.py from mmvisatt/recipes.py and mmvisatt/task_configs.py: edit those, not
@@ -23,7 +23,7 @@ _base_ = [
 model = dict(
     backbone=dict(_base_.preset.backbone, drop_path_rate=0.1,
                   with_cp=True,
-                  carry_factors=True),
+                  score_memory='factors'),
     neck=dict(in_channels=_base_.preset.channels))
 optim_wrapper = dict(
     type='AmpOptimWrapper',

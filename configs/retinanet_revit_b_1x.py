@@ -5,7 +5,7 @@
 # Why: no ReViT-B detection recipe was published; ViTDet's ViT-B recipe (a plain ViT-B with a simple feature pyramid,
 # as ours). Global attention keeps every score map at detection sizes: expect the memory of ViTDet's global blocks in
 # all 12.
-# Memory: with_cp=True, carry_factors=True: at 8 images per GPU the training step is over 80 GB without activation
+# Memory: with_cp=True, score_memory='factors': at 8 images per GPU the training step is over 80 GB without activation
 # checkpointing (docs/benchmarks.md, Memory per GPU); the total batch stays 64.
 # Every value with its source line, and each deviation with its reason: docs/recipes.md. Backbone settings in
 # _base_/backbones/revit_b.py.
@@ -22,7 +22,7 @@ _base_ = [
 model = dict(
     backbone=dict(_base_.preset.backbone, drop_path_rate=0.1,
                   with_cp=True,
-                  carry_factors=True,
+                  score_memory='factors',
                   out_indices=(1, 2, 3)),
     neck=dict(in_channels=_base_.preset.channels[1:], start_level=0))
 optim_wrapper = dict(

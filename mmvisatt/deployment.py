@@ -19,6 +19,7 @@ from mmengine.registry import MODELS, DefaultScope, init_default_scope
 from mmvisatt.checkpoint import read_checkpoint, unwrap_state_dict
 from mmvisatt.checkpoint.fit import drop_pretrained_init
 from mmvisatt.checkpoint.loading import load_into
+from mmvisatt.models.layers.score_memory import set_score_memory
 
 OPSET = 18
 TOLERANCE = 1e-5
@@ -155,12 +156,15 @@ def export_onnx(model: nn.Module, path: str, height: int, width: int, dynamic: b
                 tolerance: float = TOLERANCE) -> ExportResult:
     """Export ``model`` (image -> tuple of maps) to ``path`` and check it against eager in onnxruntime at
     (height, width) and, when ``dynamic``, at :func:`check_sizes`. A model whose height and width cannot be
-    dynamic is exported static, and the result says why. Raises :class:`ExportError` on a mismatch."""
+    dynamic is exported static, and the result says why. Raises :class:`ExportError` on a mismatch. A ReViT or
+    ReMViTv2 backbone is switched to ``score_memory='full'`` first (in place; the same values): the chunked
+    strategies loop over row chunks in Python, which an exporter would unroll at the export size."""
     missing = [name for name in ('onnx', 'onnxscript', 'onnxruntime') if importlib.util.find_spec(name) is None]
     if missing:
         raise ExportError(f'ONNX export needs {", ".join(missing)}: pip install "mmvisatt[onnx]" '
                           f'(requirements/onnx.txt)')
     start = time.perf_counter()
+    set_score_memory(model, 'full')
     image = torch.randn(1, 3, height, width)
     reason = getattr(getattr(model, 'backbone', model), 'static_export_shapes', None) if dynamic else None
     errors = []

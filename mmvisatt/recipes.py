@@ -481,7 +481,7 @@ VITDET_B = TrainRecipe(
 def fit_80gb(recipe: TrainRecipe, **settings) -> TrainRecipe:
     """``recipe`` with the backbone checkpointing its blocks' activations (``with_cp``, plus ``settings``): its
     training step at the recipe's images per GPU is over 80 GB without it (docs/benchmarks.md, Memory per GPU)."""
-    named = ', '.join(f'{k}={v}' for k, v in dict(with_cp=True, **settings).items())
+    named = ', '.join(f'{k}={v!r}' for k, v in dict(with_cp=True, **settings).items())
     return dataclasses.replace(
         recipe, backbone=dict(recipe.backbone, with_cp=True, **settings),
         memory=f'{named}: at {recipe.images_per_gpu} images per GPU the training step is over 80 GB without '
@@ -517,7 +517,7 @@ def revit_recipes(token: str) -> Dict[str, TrainRecipe]:
     out = {recipe: fit_80gb(borrow(VITDET_B, 'no ReViT-B detection recipe was published; ViTDet\'s ViT-B recipe (a '
                                              'plain ViT-B with a simple feature pyramid, as ours). Global attention '
                                              'keeps every score map at detection sizes: expect the memory of '
-                                             'ViTDet\'s global blocks in all 12'), carry_factors=True)
+                                             'ViTDet\'s global blocks in all 12'), score_memory='factors')
            for recipe in ('mask_rcnn_1x', 'mask_rcnn_3x', 'cascade_mask_rcnn_3x', 'retinanet_1x')}
     out['upernet_160k_ade20k'] = borrow(
         MMSEG_VIT_B, 'no ReViT-B segmentation recipe was published; mmseg\'s ViT-B UperNet recipe')

@@ -28,9 +28,9 @@ _share_the_cores()
 
 
 def _row_count_independent_gemm() -> None:
-    """The lean score paths' forward values are bit-identical to the plain composition only where a matrix
+    """The chunked score strategies' forward values are bit-identical to the reference only where a matrix
     product's rows do not depend on how many rows it has. MKL's AVX2 / AVX-512 (FMA) kernels give the rows of a
-    3-row chunk other last bits than the same rows of the whole product (tests/test_score_memory.py's many-chunk
+    small chunk other last bits than the same rows of the whole product (tests/test_score_memory.py's many-chunk
     cases, 1 ulp in float64); its AVX kernels do not. Pinned before torch is imported; an MKL_CBWR set by the user
     wins. Costs nothing measurable here (the suite's GEMMs are small; convolutions are oneDNN's)."""
     os.environ.setdefault('MKL_CBWR', 'AVX')
@@ -68,13 +68,15 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(params=['one_chunk', 'many_chunks'])
-def chunking(request, monkeypatch):
-    """Runs a test with the score functions' default row chunks and with chunks of three rows (many per map)."""
+def chunking(request):
+    """Runs a test with the chunked score strategies' default row chunks and with the smallest ones (one query-grid
+    row, or one pooling window of rows, per chunk)."""
+    from mmvisatt.models.layers import score_memory
+    default = score_memory.score_chunk_numel()
     if request.param == 'many_chunks':
-        from mmvisatt.models.layers import lean_scores
-        original = lean_scores.row_chunks
-        monkeypatch.setattr(lean_scores, 'row_chunks', lambda rows, numel, budget: original(rows, numel, 3 * numel))
-    return request.param
+        score_memory.set_score_chunk_numel(1)
+    yield request.param
+    score_memory.set_score_chunk_numel(default)
 
 
 @pytest.fixture(scope='session')

@@ -17,8 +17,8 @@ from mmvisatt.analysis import (AttentionCapture, BlockOutputCapture, PooledAtten
                                WindowAttentionRecord, attention_maps, feature_collapse, format_summary,
                                mean_pairwise_cosine, non_locality, plot_attention_map, plot_feature_collapse,
                                plot_non_locality, query_attention, record_non_locality, residual_gates)
-from mmvisatt.models.backbones.revit import ReMViTv2, ReSwinTransformer, ReViT
-from mmvisatt.models.layers.pooling_attention import add_decomposed_rel_pos
+from mmvisatt.models.backbones import ReMViTv2, ReSwinTransformer, ReViT
+from mmvisatt.models.layers.pooling_attention import decomposed_rel_pos_terms
 from mmvisatt.models.layers.residual_attention import PooledScores, TokenGrid, WindowScores
 from mmvisatt.models.layers.window import (WindowGrid, merge_windows, partition_windows, window_attention_mask,
                                            window_token_coords)
@@ -179,7 +179,11 @@ def _explicit_pooled_block(block: nn.Module, x: torch.Tensor, residual: Optional
     if residual is not None:
         scores = alpha * scores + (1 - alpha) * attn.align(residual, q_grid, kv_grid, attn.num_heads)
     if attn.rel_pos_h is not None:
-        scores = add_decomposed_rel_pos(scores, q, q_size, kv_size, attn.rel_pos_h, attn.rel_pos_w)
+        # MViTv2's decomposed relative positions, written out on the (qh, qw, kh, kw) grid
+        rel_h, rel_w = decomposed_rel_pos_terms(q, q_size, kv_size, attn.rel_pos_h, attn.rel_pos_w)
+        grid = scores.reshape(B, -1, *q_size, *kv_size)
+        grid = grid + rel_h.reshape(B, -1, *q_size, kv_size[0], 1) + rel_w.reshape(B, -1, *q_size, 1, kv_size[1])
+        scores = grid.reshape(scores.shape)
     p = scores.softmax(dim=-1)
     out = p @ v
     if attn.residual_pooling:
@@ -508,12 +512,14 @@ def test_tool_faces_in_process(tiny_setup, tmp_path, capsys):
 
 
 def test_factored_revit_is_rejected_with_the_fix():
-    model = ReViT(arch=VIT_TINY, img_size=64, patch_size=8, carry_factors=True)
-    with pytest.raises(UnsupportedModelError, match='carry_factors=False'), AttentionCapture(model), torch.no_grad():
+    model = ReViT(arch=VIT_TINY, img_size=64, patch_size=8, score_memory='factors')
+    with pytest.raises(UnsupportedModelError, match="score_memory='full'"), AttentionCapture(model), \
+            torch.no_grad():
         model(torch.randn(1, 3, 64, 64))
 
 
 def test_handed_on_scores_are_rejected_with_the_fix():
-    model = ReMViTv2(arch=dict(embed_dims=16, depths=(1, 2, 1, 1), num_heads=1), handoff=True)
-    with pytest.raises(UnsupportedModelError, match='handoff=False'), AttentionCapture(model), torch.no_grad():
+    model = ReMViTv2(arch=dict(embed_dims=16, depths=(1, 2, 1, 1), num_heads=1), score_memory='handoff')
+    with pytest.raises(UnsupportedModelError, match="score_memory='full'"), AttentionCapture(model), \
+            torch.no_grad():
         model(torch.randn(1, 3, 64, 64))

@@ -13,8 +13,6 @@ TWO_PATHS = {
     'FAN': dict(form='vit', embed_dims=32, depth=2, num_heads=2),
     'ShuntedTransformer': dict(embed_dims=(16, 32, 32, 64), depths=(1, 1, 1, 1), num_heads=(2, 2, 2, 4),
                                mlp_ratios=(2, 2, 2, 2), sr_ratios=(8, 4, 2, 1)),
-    'ReViT': dict(embed_dims=32, depth=2, num_heads=4),
-    'ReMViTv2': dict(embed_dims=16, depths=(1, 1, 1, 1), num_heads=1),
 }
 
 
@@ -57,7 +55,7 @@ def test_fused_attn_defaults_to_the_global_setting(name):
             model = MODELS.build(dict(type=name, arch=TWO_PATHS[name]))
             assert model.fused_attn is setting
             # and every attention module runs the path asked for
-            flags = [getattr(m, 'fused', getattr(m, 'lean_scores', None)) for m in model.modules()]
+            flags = [getattr(m, 'fused', None) for m in model.modules()]
             flags = [f for f in flags if f is not None]
             assert flags and all(f is setting for f in flags)
             assert MODELS.build(dict(type=name, arch=TWO_PATHS[name], fused_attn=not setting)).fused_attn \

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from mmvisatt.checkpoint import CheckpointMismatchError, convert_state_dict, unwrap_state_dict
-from mmvisatt.models.backbones.revit import ReSwinTransformer
+from mmvisatt.models.backbones import ReSwinTransformer
 
 ROOT = Path(__file__).parents[1]
 FIXTURE = ROOT / 'tests/data/parity/revit/reswin_a/state_dict.pth'

@@ -18,6 +18,7 @@ import torch
 from mmengine.logging import MMLogger
 from PIL import Image
 
+import fault_injection  # noqa: F401  (FaultInjectionHook, for the runs made in this process)
 from conftest import REPO
 from mmvisatt.checkpoint import (CheckpointDownloadError, CheckpointMismatchError, download, download_checkpoint,
                                  load_checkpoint_file, url_cache_path)

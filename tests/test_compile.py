@@ -16,8 +16,9 @@ from mmvisatt.models.backbones import EVT, FAN, RMT, ReMViTv2, ReSwinTransformer
 
 TINY = {
     'ReViT': (ReViT, dict(arch=dict(embed_dims=32, depth=3, num_heads=4), img_size=64)),
-    # the carried-factor path (ReViT's with_cp default in training)
-    'ReViT-factors': (ReViT, dict(arch=dict(embed_dims=32, depth=3, num_heads=4), img_size=64, carry_factors=True)),
+    # a chunked score strategy (ReViT-B's detection configs): run eagerly between the compiled pieces
+    'ReViT-factors': (ReViT, dict(arch=dict(embed_dims=32, depth=3, num_heads=4), img_size=64,
+                                  score_memory='factors')),
     'ReSwinTransformer': (ReSwinTransformer, dict(arch=dict(embed_dims=16, depths=(2, 2, 2, 2),
                                                             num_heads=(1, 2, 4, 8)))),
     'ReMViTv2': (ReMViTv2, dict(arch=dict(embed_dims=16, depths=(1, 1, 2, 1), num_heads=1), img_size=64)),

@@ -38,9 +38,9 @@ def _shallow(cfg: Config) -> None:
     """One block per stage (two for single-stage ViTs, whose residual gate acts from the second block on), same
     widths: the plumbing of the config is unchanged, the step costs a fraction. The full-depth presets are built
     by each family's parameter-count tests."""
-    from mmengine.registry import MODELS
+    from mmvisatt.testing.cases import resolve_arch
     backbone = cfg.model.backbone
-    arch = MODELS.get(backbone.type)._resolve_arch(backbone.get('arch', 't'))
+    arch = resolve_arch(backbone.type, backbone.get('arch', 't'))
     for key in ('depths', 'depth'):
         if isinstance(arch.get(key), (list, tuple)):
             arch[key] = [1] * len(arch[key])

@@ -7,9 +7,8 @@ machine).
 - CUDA computes what the CPU computes on the same weights;
 - bf16 and fp16 autocast (fp16 with a dynamic GradScaler, as ``AmpOptimWrapper``) at 1333x800, forward and
   backward, stay finite under CUDA's own autocast policy;
-- every custom autograd Function (the lean score path's ``LeanScoreAttention`` and ``ResidualGate``, the
-  handoff's ``HandoffScoreAttention``, the carried factors' ``ChunkedAttention``) runs and gives the plain path's
-  outputs and gradients;
+- the chunked score strategies (``score_memory='handoff'`` and ``'factors'``, whose ``RowChunkAttention`` is a
+  custom autograd Function) run and give the reference's outputs and gradients;
 - ``with_cp`` cuts the training step's ``max_memory_allocated`` at 800x1216 by at least 40%, and leaves BatchNorm
   statistics advanced once per step;
 - the geometry caches (window masks, decay distances, token groups, residual alignment indices) hand every model
@@ -26,7 +25,7 @@ import pytest
 import torch
 from mmengine.registry import MODELS
 
-from mmvisatt.models.layers import lean_scores, score_factors, score_handoff
+from mmvisatt.models.layers.score_memory import RowChunkAttention
 from mmvisatt.testing.cases import (T_PRESET_IDS, T_PRESETS, TINY_CASES, TWO_PATH_CASES, build, fused_reference_pair,
                                     has_two_paths)
 
@@ -201,30 +200,22 @@ def _counting(*functions):
                 del f.apply
 
 
-# (case, the switches that select the Functions, the plain model's switches, the Functions that must run)
-FUNCTION_CASES = {
-    'remvit-lean': ('remvit', dict(fused_attn=True, handoff=False), dict(fused_attn=False, handoff=False),
-                    (lean_scores.LeanScoreAttention, lean_scores.ResidualGate)),
-    'remvit-handoff': ('remvit', dict(fused_attn=True, handoff=True), dict(fused_attn=False, handoff=False),
-                       (score_handoff.HandoffScoreAttention, )),
-    'revit-lean': ('revit', dict(fused_attn=True, carry_factors=False), dict(fused_attn=False, carry_factors=False),
-                   (lean_scores.LeanScoreAttention, lean_scores.ResidualGate)),
-    'revit-factors': ('revit', dict(fused_attn=True, carry_factors=True, factor_run=2),
-                      dict(fused_attn=False, carry_factors=False), (score_factors.ChunkedAttention, )),
-}
+# (case, the strategy)
+FUNCTION_CASES = {'remvit-handoff': ('remvit', dict(score_memory='handoff')),
+                  'revit-factors': ('revit', dict(score_memory='factors', fold_every=2))}
 
 
 @pytest.mark.parametrize('dtype,rtol', [(torch.float64, 1e-9), (torch.float32, 1e-4)], ids=['float64', 'float32'])
 @pytest.mark.parametrize('case', list(FUNCTION_CASES))
 def test_custom_functions_equal_the_plain_path(case, dtype, rtol):
-    base, switches, plain_switches, functions = FUNCTION_CASES[case]
-    type_name, kwargs = TWO_PATH_CASES[base]
+    base, switches = FUNCTION_CASES[case]
+    type_name, kwargs = TINY_CASES[base]
     kwargs = dict(kwargs, arch=dict(kwargs['arch'], depth=4) if type_name == 'ReViT' else kwargs['arch'])
     model = build(type_name, **switches, **kwargs).to(CUDA, dtype)
-    plain = MODELS.get(type_name)(drop_path_rate=0., **plain_switches, **kwargs).to(CUDA, dtype)
+    plain = MODELS.get(type_name)(drop_path_rate=0., **kwargs).to(CUDA, dtype)
     plain.load_state_dict(model.state_dict())
     x = torch.randn(2, 3, 72, 88, dtype=dtype, device=CUDA)
-    with _counting(*functions) as calls:
+    with _counting(RowChunkAttention) as calls:
         outs, grads = _step(model, x)
     assert all(calls.values()), f'not run: {[k for k, v in calls.items() if not v]}'
     ref_outs, ref_grads = _step(plain, x)

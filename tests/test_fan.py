@@ -8,10 +8,11 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn as nn
+from timm.layers import LayerNorm2d
 
 from mmvisatt.checkpoint import (CheckpointMismatchError, convert_checkpoint_file, convert_state_dict,
                                  load_pretrained)
-from mmvisatt.models.backbones.fan import FAN, FourierPositionEncoding, LayerNorm2d
+from mmvisatt.models.backbones.fan import FAN, FANBase, FourierPositionEncoding, UnbiasedLayerNorm2d
 from mmvisatt.models.layers.attention import attention
 from mmvisatt.models.layers.channel_attention import EfficientChannelAttention, TokenAttention, channel_gate
 from mmvisatt.testing import parity_model
@@ -83,7 +84,7 @@ def test_classifier_parameter_counts_match_official(preset):
         keys += sum(depths) + sum(d // 2 for d in depths[:3])
     assert keys == counts['state_dict_keys']
     # the official name and the short name give the same preset
-    assert FAN._resolve_arch(OFFICIAL_NAMES[preset]) == FAN._resolve_arch(preset)
+    assert FANBase._resolve_arch(OFFICIAL_NAMES[preset]) == FANBase._resolve_arch(preset)
 
 
 @pytest.mark.parametrize('preset', sorted(DETECTION_NAMES))
@@ -98,11 +99,11 @@ def test_detection_backbone_parameter_counts_match_official(preset):
 
 
 def test_arch_names_and_form_argument():
-    assert FAN._resolve_form('s', 'hybrid') == FAN.arch_zoo['hybrid_s']
-    assert FAN._resolve_form('fan_swin_small', None) == FAN.arch_zoo['swin_s']
-    assert FAN._resolve_form('FAN-ViT-B', 'vit') == FAN.arch_zoo['vit_b']
-    assert FAN._resolve_form('fan_small_12_p4_hybrid', 'hybrid') == FAN.arch_zoo['hybrid_s']
-    assert FAN._resolve_form({k: v for k, v in TINY['vit'].items() if k != 'form'}, 'vit') == TINY['vit']
+    assert FANBase._resolve_form('s', 'hybrid') == FANBase.arch_zoo['hybrid_s']
+    assert FANBase._resolve_form('fan_swin_small', None) == FANBase.arch_zoo['swin_s']
+    assert FANBase._resolve_form('FAN-ViT-B', 'vit') == FANBase.arch_zoo['vit_b']
+    assert FANBase._resolve_form('fan_small_12_p4_hybrid', 'hybrid') == FANBase.arch_zoo['hybrid_s']
+    assert FANBase._resolve_form({k: v for k, v in TINY['vit'].items() if k != 'form'}, 'vit') == TINY['vit']
     with pytest.raises(ValueError, match="Unknown FAN arch 't'"):
         FAN(arch='t')
     with pytest.raises(ValueError, match="form must be one of"):
@@ -259,7 +260,7 @@ def test_frozen_stages_and_norm_eval():
 def test_layernorm2d_variance_switch():
     torch.manual_seed(0)
     x = torch.randn(2, 5, 3, 4, dtype=torch.float64)
-    biased, unbiased = LayerNorm2d(5).double(), LayerNorm2d(5, unbiased=True).double()
+    biased, unbiased = LayerNorm2d(5).double(), UnbiasedLayerNorm2d(5).double()
     mean = x.mean(dim=1, keepdim=True)
     var = ((x - mean) ** 2).sum(dim=1, keepdim=True)
     assert torch.allclose(biased(x), (x - mean) / torch.sqrt(var / 5 + 1e-6), atol=1e-12)
@@ -271,8 +272,8 @@ def test_unbiased_stem_norms_switch():
     textbook = FAN(arch=TINY['hybrid'], unbiased_stem_norms=False)
     norms = [m for m in official.patch_embed.modules() if isinstance(m, LayerNorm2d)]
     # the stem's norm sees contiguous input officially; every later one took the unbiased fallback
-    assert [m.unbiased for m in norms] == [False] + [True] * (len(norms) - 1)
-    assert not any(m.unbiased for m in textbook.modules() if isinstance(m, LayerNorm2d))
+    assert [isinstance(m, UnbiasedLayerNorm2d) for m in norms] == [False] + [True] * (len(norms) - 1)
+    assert not any(isinstance(m, UnbiasedLayerNorm2d) for m in textbook.modules())
 
 
 def test_fixture_needs_the_unbiased_norms_and_the_detection_frequencies():
@@ -285,8 +286,8 @@ def test_fixture_needs_the_unbiased_norms_and_the_detection_frequencies():
         assert _rel(model(images)['stages'][2], ref['stages'][2]) > 1e-2
         model.backbone.pos_embed.exponent = 'linear'
         for m in model.backbone.modules():
-            if isinstance(m, LayerNorm2d):
-                m.unbiased = False
+            if isinstance(m, UnbiasedLayerNorm2d):
+                m.forward = LayerNorm2d.forward.__get__(m)
         assert _rel(model(images)['stages'][1], ref['stages'][1]) > 1e-3
 
 

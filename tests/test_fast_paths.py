@@ -1,16 +1,15 @@
 """Every backbone's fused attention path equals its reference path, in one place.
 
 Every family switches paths by one constructor argument, ``fused_attn``; both models of a case share the same
-weights. For RMT, EVT, FAN and Shunted the fused path is ``scaled_dot_product_attention`` and the reference the
-explicit softmax; ReViT and ReMViTv2 carry every layer's mixed scores to the next layer, so their fused path is the
-lean score pipeline (one autograd function) and the reference its plain composition. ReSwinTransformer has a
-single path: its scores are materialised whatever computes the softmax.
+weights: the fused path is ``scaled_dot_product_attention`` and the reference the explicit softmax. The ReViT
+family (ReSwin, ReViT, ReMViTv2) has a single path: every block carries its mixed scores to the next one, so they
+are materialised whatever computes the softmax (its memory strategies: tests/test_score_memory.py).
 """
 import pytest
 import torch
 from mmengine.registry import MODELS
 
-from mmvisatt.models.layers.layout import map_to_tokens, tokens_to_map
+from mmvisatt.models.layers.patch import map_to_tokens, tokens_to_map
 from mmvisatt.testing.cases import TWO_PATH_CASES, fused_reference_pair
 
 CASES = TWO_PATH_CASES

@@ -6,16 +6,16 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from mmvisatt.models.layers import lean_scores
+from mmvisatt.models.layers import score_memory
 from mmvisatt.models.layers.residual_attention import _slot_sources
 from mmvisatt.testing.cases import T_PRESET_IDS, T_PRESETS, one_block_per_stage
 from mmvisatt.testing.device_audit import StepAudit, audit_training_step, build_on_device, count_compiles
 
-# the settings the configs add to the presets: every ReMViTv2 config hands off, ReViT-B can carry factors
-CONFIG_SETTINGS = [('ReMViTv2', 't', dict(handoff=True)), ('ReViT', 'b', dict(carry_factors=True)),
+# the settings the configs add to the presets: every ReMViTv2 config hands off, ReViT-B's detectors carry factors
+CONFIG_SETTINGS = [('ReMViTv2', 't', dict(score_memory='handoff')), ('ReViT', 'b', dict(score_memory='factors')),
                    ('ReSwinTransformer', 't', dict(with_cp=True))]
 CASES = [(name, arch, {}) for name, arch in T_PRESETS] + CONFIG_SETTINGS
-CASE_IDS = T_PRESET_IDS + [f'{n}-{a}-{"-".join(k)}' for n, a, k in CONFIG_SETTINGS]
+CASE_IDS = T_PRESET_IDS + [f'{n}-{a}-{"-".join(map(str, k.values()))}' for n, a, k in CONFIG_SETTINGS]
 # the largest growth of the op count from 1 to 8 images allowed
 MAX_GROWTH = 0.05
 
@@ -70,28 +70,22 @@ def test_slot_sources_are_nearest_interpolation():
     assert _slot_sources(6, 12, torch.device('meta')).device.type == 'meta'
 
 
-def test_chunk_budget_depends_on_the_device_and_the_argument():
-    assert lean_scores.default_chunk_numel(torch.device('cpu')) == 1 << 22
-    assert lean_scores.default_chunk_numel(torch.device('meta')) == lean_scores.DEVICE_CHUNK_NUMEL == 1 << 26
-    assert lean_scores.default_chunk_numel(torch.device('cuda', 0)) == 1 << 26
-    arch = dict(embed_dims=32, depth=3, num_heads=4)
-    default = build_on_device('ReViT', arch, 'meta')
-    small = build_on_device('ReViT', arch, 'meta', score_chunk_numel=256)
-    assert {m.attn.chunk_numel for m in small.blocks} == {256}
-    # a small budget splits each block's softmax into many row chunks, each a few ops more
-    assert audit_training_step(small, 2, 64, 64).ops > audit_training_step(default, 2, 64, 64).ops + 50
-    with pytest.raises(ValueError, match='chunk_numel must be a positive'):
-        build_on_device('ReViT', arch, 'meta', score_chunk_numel=0)
-
-
-def test_chunk_budget_changes_no_value():
+def test_chunk_size_is_one_global_setting_that_changes_no_value():
     from mmvisatt.testing.cases import build
     arch = dict(embed_dims=32, depth=3, num_heads=4)
-    model = build('ReViT', arch=arch).double()
-    small = build('ReViT', arch=arch, score_chunk_numel=512).double()
+    default = score_memory.score_chunk_numel()
+    meta = build_on_device('ReViT', arch, 'meta', score_memory='factors')
+    model = build('ReViT', arch=arch, score_memory='factors').double()
     x = torch.randn(2, 3, 64, 80, dtype=torch.float64)
-    for a, b in zip(model(x), small(x)):
-        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    ops, outs = audit_training_step(meta, 2, 64, 64).ops, model(x)
+    try:
+        score_memory.set_score_chunk_numel(256)
+        # a small chunk splits each block's softmax into many row chunks, each a few ops more
+        assert audit_training_step(meta, 2, 64, 64).ops > ops + 50
+        for a, b in zip(outs, model(x)):
+            torch.testing.assert_close(b, a, rtol=1e-12, atol=1e-12)
+    finally:
+        score_memory.set_score_chunk_numel(default)
 
 
 # The 3x recipe's padded sizes for 4:3 images with shorter sides 480, 640 and 800. Tracing with symbolic shapes
@@ -101,8 +95,8 @@ COMPILE_SIZES = ((480, 640), (640, 864), (800, 1088))
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize('name,arch,kwargs', [('ReSwinTransformer', 't', {}), ('ReMViTv2', 't', dict(handoff=True))],
-                         ids=['ReSwinTransformer-t', 'ReMViTv2-t-handoff'])
+@pytest.mark.parametrize('name,arch,kwargs', [('ReSwinTransformer', 't', {}), ('ReMViTv2', 't', {})],
+                         ids=['ReSwinTransformer-t', 'ReMViTv2-t'])
 def test_compiles_once_across_multi_scale_sizes(name, arch, kwargs):
     model = build_on_device(name, one_block_per_stage(name, arch), 'meta', **kwargs)
     graphs = count_compiles(model, COMPILE_SIZES)
@@ -110,7 +104,7 @@ def test_compiles_once_across_multi_scale_sizes(name, arch, kwargs):
     assert graphs[0] >= 1 and len(set(graphs)) == 1, graphs
 
 
-def test_preflight_warns_when_compile_drops_a_memory_path():
+def test_preflight_warns_when_compile_meets_a_chunked_strategy():
     import os.path as osp
 
     from mmengine.config import Config
@@ -118,9 +112,9 @@ def test_preflight_warns_when_compile_drops_a_memory_path():
     from mmvisatt.engine.preflight import check_compile_memory_paths
     config = osp.join(osp.dirname(osp.dirname(osp.abspath(__file__))), 'configs', 'mask_rcnn_remvit_t_3x.py')
     cfg = Config.fromfile(config)
-    assert cfg.model.backbone.handoff is True and check_compile_memory_paths(cfg) == []
+    assert cfg.model.backbone.score_memory == 'handoff' and check_compile_memory_paths(cfg) == []
     cfg.compile = True
     (message, ) = check_compile_memory_paths(cfg)
-    assert 'model.backbone.handoff=True' in message and 'compile=False' in message
-    cfg.model.backbone.handoff = False
+    assert "model.backbone.score_memory='handoff'" in message and "score_memory='full' compiles" in message
+    cfg.model.backbone.score_memory = 'full'
     assert check_compile_memory_paths(cfg) == []

@@ -15,7 +15,7 @@ from mmvisatt.engine.entrypoints import resolve_amp
 from mmvisatt.engine.optimizers import LayerDecayOptimWrapperConstructor
 from mmvisatt.models.backbones.evt import EVT
 from mmvisatt.models.backbones.fan import FAN
-from mmvisatt.models.backbones.revit import ReMViTv2, ReSwinTransformer, ReViT
+from mmvisatt.models.backbones import ReMViTv2, ReSwinTransformer, ReViT
 from mmvisatt.models.backbones.rmt import RMT
 from mmvisatt.models.backbones.shunted import ShuntedTransformer
 

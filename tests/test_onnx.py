@@ -133,7 +133,8 @@ def test_tool_errors_name_the_problem(tmp_path):
 
 
 def test_remvit_as_its_configs_build_it_exports(tmp_path):
-    # the ReMViTv2 configs set handoff=True: the export traces the plain composition of the same scores
-    result = export_onnx(_model('remvit', img_size=SIZE[0], handoff=True), str(tmp_path / 'remvit.onnx'), *SIZE,
-                         dynamic=True)
+    # the ReMViTv2 configs set score_memory='handoff': the export switches to the reference, the same scores
+    model = _model('remvit', img_size=SIZE[0], score_memory='handoff')
+    result = export_onnx(model, str(tmp_path / 'remvit.onnx'), *SIZE, dynamic=True)
     assert result.dynamic and all(err < TOLERANCE for _, err in result.errors)
+    assert {m.score_memory for m in model.modules() if hasattr(m, 'score_memory')} == {'full'}

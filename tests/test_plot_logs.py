@@ -130,7 +130,7 @@ def test_demo_pictures_of_a_segmentor_show_ground_truth_and_prediction(tmp_path)
     import mmvisatt.models  # noqa: F401
     from conftest import CONFIGS
     from mmvisatt.engine import DemoSettings, to_demo_config
-    from mmvisatt.engine.hooks import DemoReportHook
+    from mmvisatt.engine.demo import DemoReportHook
 
     init_default_scope('mmseg')
     cfg = to_demo_config(Config.fromfile(osp.join(CONFIGS, 'fpn_reswin_t_80k_ade20k.py')), train=False)

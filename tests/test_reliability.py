@@ -29,6 +29,7 @@ from mmvisatt.engine.preflight import (AnnotationError, ConfigKeyError, CorruptC
                                        CorruptImageError, check_coco_annotations, explain_image_error)
 from mmvisatt.engine.reliability import atomic_write, find_resumable_checkpoint, resolve_auto_resume
 
+TESTS = osp.dirname(osp.abspath(__file__))
 NO_VAL = ['val_dataloader=None', 'val_cfg=None', 'val_evaluator=None']
 DETERMINISTIC = ['randomness.deterministic=True']
 TINY_SWIN = "arch=dict(_delete_=True, embed_dims=16, depths=(1, 1, 1, 1), num_heads=(1, 1, 2, 2))"
@@ -69,6 +70,10 @@ def tiny_configs(tmp_path_factory):
         paths[name] = str(root / f'tiny_{name}.py')
         with open(paths[name], 'w') as f:
             f.write(text)
+        # FaultInjectionHook (tests/fault_injection.py), which FAULT arms
+        cfg = Config.fromfile(paths[name])
+        cfg.custom_imports.imports.append('fault_injection')
+        cfg.dump(paths[name])
     return paths
 
 
@@ -94,6 +99,8 @@ def _run(config: str, work_dir, options, procs: int = 1, extra=(), expect_kill: 
     """tools/train.py (or tools/dist_train.sh) in a subprocess, one thread per process: bitwise comparisons need
     the same thread count in every run."""
     env = {**os.environ, 'OMP_NUM_THREADS': '1', 'PYTHON': sys.executable, 'PORT': str(_free_port()), **(env or {})}
+    # tests/ for the fault_injection module the tiny configs import
+    env['PYTHONPATH'] = os.pathsep.join(filter(None, [TESTS, env.get('PYTHONPATH')]))
     if procs == 1:
         cmd = [sys.executable, osp.join(REPO, 'tools', 'train.py'), config]
     else:
@@ -941,7 +948,7 @@ def test_moved_data_with_a_stale_evaluator_file_is_refused(tmp_path):
 def test_load_from_a_backbone_only_file_is_refused(tiny_det_config, tmp_path):
     """An ImageNet backbone file as load_from would match no key of the detector: refused, pointing to init_cfg."""
     from mmvisatt.checkpoint import CheckpointMismatchError
-    from mmvisatt.models.backbones.revit import ReSwinTransformer
+    from mmvisatt.models.backbones import ReSwinTransformer
     backbone = ReSwinTransformer(arch=dict(embed_dims=16, depths=(1, 1, 1, 1), num_heads=(1, 1, 2, 2)))
     official = {k: v for k, v in backbone.state_dict().items() if not k.startswith(('norm0', 'norm1', 'norm2'))}
     path = tmp_path / 'imagenet.pth'

@@ -12,7 +12,7 @@ import torch.nn as nn
 
 from mmvisatt.checkpoint import (CheckpointMismatchError, convert_checkpoint_file, convert_state_dict, load_into,
                                  load_pretrained)
-from mmvisatt.models.backbones.revit import ReMViTv2
+from mmvisatt.models.backbones import ReMViTv2
 from mmvisatt.models.layers.residual_attention import (PooledScores, TokenGrid, align_pooled_by_position,
                                                        align_pooled_official)
 from mmvisatt.testing import parity_model

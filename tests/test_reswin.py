@@ -8,7 +8,7 @@ import torch
 import torch.nn as nn
 
 from mmvisatt.checkpoint import convert_state_dict, load_into
-from mmvisatt.models.backbones.revit import ReSwinTransformer
+from mmvisatt.models.backbones import ReSwinTransformer
 from mmvisatt.models.layers.window import WindowGrid, partition_windows
 
 TINY = dict(embed_dims=16, depths=(2, 2, 2, 2), num_heads=(1, 2, 4, 8))

@@ -9,7 +9,7 @@ import torch.nn as nn
 
 from mmvisatt.checkpoint import (CheckpointMismatchError, convert_checkpoint_file, convert_state_dict, load_into,
                                  load_pretrained)
-from mmvisatt.models.backbones.revit import ReViT
+from mmvisatt.models.backbones import ReViT
 from mmvisatt.testing import parity_model
 
 DATA = Path(__file__).parent / 'data/parity/revit'

@@ -17,7 +17,7 @@ from mmengine.logging import MessageHub
 from conftest import REPO
 from mmvisatt.checkpoint import PickledRecord, UnsafeCheckpointError, load_checkpoint_file
 from mmvisatt.models.backbones.evt import EVT
-from mmvisatt.models.backbones.revit import ReSwinTransformer
+from mmvisatt.models.backbones import ReSwinTransformer
 from mmvisatt.models.backbones.rmt import RMT
 from mmvisatt.models.backbones.shunted import ShuntedTransformer
 

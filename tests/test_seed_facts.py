@@ -14,7 +14,7 @@ from mmengine.config import Config
 from conftest import CONFIGS, REPO
 from mmvisatt.analysis.paper_results import reported
 from mmvisatt.models.backbones.evt import EVT
-from mmvisatt.models.backbones.revit import ReMViTv2, ReSwinTransformer, ReViT
+from mmvisatt.models.backbones import ReMViTv2, ReSwinTransformer, ReViT
 from mmvisatt.models.backbones.rmt import RMT
 from mmvisatt.models.backbones.shunted import ShuntedTransformer
 from mmvisatt.models.layers.channel_attention import channel_gate

@@ -2,7 +2,7 @@
 
 Two kinds of attention layers are understood, told apart by what their modules hand back:
 
-* window attention (:class:`~mmvisatt.models.backbones.revit.WindowResidualAttention`, ReSwin): the hook on the
+* window attention (:class:`~mmvisatt.models.backbones.reswin.WindowResidualAttention`, ReSwin): the hook on the
   attention module records the mixed pre-mask scores it returns and the additive mask it was called with; the
   hook on the block around it records the :class:`~mmvisatt.models.layers.residual_attention.WindowScores` the
   block returns, which carries the window partition;
@@ -25,7 +25,7 @@ import torch
 import torch.nn as nn
 from torch import Tensor
 
-from mmvisatt.models.backbones.revit import WindowResidualAttention
+from mmvisatt.models.backbones.reswin import WindowResidualAttention
 from mmvisatt.models.layers.patch import PatchMerging
 from mmvisatt.models.layers.pooling_attention import PoolingResidualAttention
 from mmvisatt.models.layers.residual_attention import PooledScores, ScoreFactors, TokenGrid, WindowScores
@@ -249,14 +249,14 @@ class AttentionCapture:
         def hook(module: nn.Module, args, output) -> None:
             carried = output[1]
             if not isinstance(carried, PooledScores):
-                hint = (' Build the model with carry_factors=False: attention maps need the score maps, not their '
+                hint = (" Build the model with score_memory='full': attention maps need the score maps, not their "
                         'factors.' if isinstance(carried, ScoreFactors) else '')
                 raise UnsupportedModelError(f'{block_name}.attn returned {type(carried).__name__}, not '
                                             f'PooledScores.{hint}')
-            if carried.made_on is not None:
+            if carried.source_q_grid is not None:
                 raise UnsupportedModelError(f'{block_name}.attn handed its scores on already reduced for the next '
-                                            f'block; build the model with handoff=False to capture its attention '
-                                            f'maps.')
+                                            f"block; build the model with score_memory='full' to capture its "
+                                            f'attention maps.')
             py, px = self.patch_stride
             q, kv = carried.q_grid, carried.kv_grid
             self.records.append(

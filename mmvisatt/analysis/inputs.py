@@ -115,11 +115,10 @@ def build_backbone(model: str, checkpoint: Optional[str] = None, *, family: Opti
     cfg, scope = backbone_config(model, options)
     # The checkpoint comes from the command line; a Pretrained init_cfg in the config may point at a missing file.
     cfg['init_cfg'] = None
-    # Attention maps are read from the score maps a block carries on: a config's memory saving (scores handed on
+    # Attention maps are read from the score maps a block carries on: a config's memory strategy (scores handed on
     # shrunk or as factors, the same values) would leave none to read.
-    for key in ('handoff', 'carry_factors'):
-        if cfg.get(key):
-            cfg[key] = False
+    if cfg.get('score_memory', 'full') != 'full':
+        cfg['score_memory'] = 'full'
     torch.manual_seed(seed)
     if MODELS.get(cfg['type']) is not None:
         backbone = MODELS.build(cfg)

@@ -8,15 +8,15 @@ registry and makes :mod:`mmvisatt.checkpoint.safe_load` mmengine's checkpoint lo
 """
 from mmvisatt.checkpoint import register_mmengine_loader
 
-from .demo import DemoSettings, to_demo_config
+from .demo import DemoReportHook, DemoSettings, to_demo_config
 from .entrypoints import (parse_test_args, parse_train_args, prepare_test, prepare_train, test_main,
                           train_main)
 from .guards import NonFiniteGuardHook, NonFiniteLossError
-from .hooks import DemoReportHook, EvalProgressBarHook, EvalProgressHook, TrainingTraceHook
-from .hooks import BackboneLayoutHook, ChannelCheckHook
 from .mid_epoch import MidEpochResumeError, ResumableBatchSampler, ResumableEpochBasedTrainLoop, SeededSamples
+from .model_checks import BackboneLayoutHook, ChannelCheckHook
 from .optimizers import LayerDecayOptimWrapperConstructor  # noqa: F401  (registers it in the root registry)
-from .reliability import (AtomicCheckpointHook, ExactResumeHook, FaultInjectionHook, PreemptionHook, TrainingPreempted,
+from .progress import EvalProgressBarHook, EvalProgressHook, TrainingTraceHook
+from .reliability import (AtomicCheckpointHook, ExactResumeHook, PreemptionHook, TrainingPreempted,
                           find_resumable_checkpoint)
 from .sync_bn import CPUSyncBatchNorm
 
@@ -26,7 +26,7 @@ __all__ = [
     'DemoSettings', 'to_demo_config', 'parse_train_args', 'parse_test_args', 'prepare_train', 'prepare_test',
     'train_main', 'test_main', 'DemoReportHook', 'EvalProgressBarHook', 'EvalProgressHook', 'TrainingTraceHook',
     'NonFiniteGuardHook', 'NonFiniteLossError',
-    'AtomicCheckpointHook', 'ExactResumeHook', 'FaultInjectionHook', 'PreemptionHook', 'TrainingPreempted',
+    'AtomicCheckpointHook', 'ExactResumeHook', 'PreemptionHook', 'TrainingPreempted',
     'find_resumable_checkpoint',
     'CPUSyncBatchNorm', 'ChannelCheckHook', 'BackboneLayoutHook', 'MidEpochResumeError', 'ResumableBatchSampler',
     'ResumableEpochBasedTrainLoop', 'SeededSamples'

@@ -9,11 +9,18 @@ line names it (``--cfg-options model.backbone.init_cfg.checkpoint=PATH``); other
 random weights, since no ImageNet checkpoint can be fetched here.
 """
 import copy
+import os.path as osp
+import tempfile
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
+import torch
 from mmengine.config import Config, ConfigDict
+from mmengine.dist import is_main_process
+from mmengine.hooks import Hook
 from mmengine.logging import print_log
+from mmengine.model import is_model_wrapper
+from mmengine.registry import HOOKS
 
 
 @dataclass(frozen=True)
@@ -332,3 +339,90 @@ def to_demo_config(cfg: Config, settings: Optional[DemoSettings] = None, train: 
         cfg.custom_hooks = list(cfg.get('custom_hooks') or []) + [dict(type='EvalProgressHook'),
                                                                   dict(type='DemoReportHook', config_lr=config_lr)]
     return cfg
+
+
+@HOOKS.register_module()
+class DemoReportHook(Hook):
+    """Before training, one line on what the demo run does (``config_lr``: the config's own lr, which the demo
+    replaced); at the end of training, something to look at: the trained model's predictions beside the ground
+    truth of the first ``num_images`` validation images, and the training curves, as PNG files in the work dir.
+
+    ``<prefix>_predictions.png`` stacks one row per image, drawn by the config's visualizer: for a detector the
+    ground truth on the left and the prediction on the right (boxes, masks, class names and scores above
+    ``score_thr``), for a segmentor the two class maps, for a classifier the image with its true and predicted
+    class. ``<prefix>_curves.png`` plots the losses and the validation metrics
+    (:func:`mmvisatt.analysis.logs.plot_training_log`). Both paths are logged. Main process only.
+    """
+
+    priority = 'LOWEST'
+
+    def __init__(self, num_images: int = 4, score_thr: float = 0.3, prefix: str = 'demo',
+                 config_lr: Optional[float] = None) -> None:
+        self.num_images = num_images
+        self.score_thr = score_thr
+        self.prefix = prefix
+        self.config_lr = config_lr
+
+    def before_train(self, runner) -> None:
+        print_log(describe_demo(runner.cfg, self.config_lr), logger='current')
+
+    def after_train(self, runner) -> None:
+        if not is_main_process():
+            return
+        paths = [self._predictions(runner), self._curves(runner)]
+        print_log('Demo pictures:\n  ' + '\n  '.join(p for p in paths if p), logger='current')
+
+    def _predictions(self, runner) -> Optional[str]:
+        import mmcv
+        import numpy as np
+        from mmengine.dataset import pseudo_collate
+        if runner.val_loop is None:
+            print_log('no validation data, so no predictions to draw', logger='current')
+            return None
+        dataset = runner.val_dataloader.dataset
+        model = runner.model.module if is_model_wrapper(runner.model) else runner.model
+        visualizer = runner.visualizer
+        visualizer.dataset_meta = dataset.metainfo
+        rows = []
+        was_training = model.training
+        model.eval()
+        # through files: mmseg's visualizer keeps only the prediction half as its current image
+        with tempfile.TemporaryDirectory() as tmp:
+            try:
+                for index in range(min(self.num_images, len(dataset))):
+                    with torch.no_grad():
+                        sample = model.test_step(pseudo_collate([dataset[index]]))[0]
+                    image = mmcv.imread(sample.img_path, channel_order='rgb')
+                    out_file = osp.join(tmp, f'{index}.png')
+                    if 'pred_label' in sample:
+                        # mmpretrain's visualizer names its classification drawing apart; a small image is
+                        # enlarged so that the label text fits
+                        visualizer.visualize_cls(image, sample, classes=dataset.metainfo.get('classes'),
+                                                 resize=224, show=False, out_file=out_file)
+                    else:
+                        kwargs = dict(pred_score_thr=self.score_thr) if 'pred_instances' in sample else {}
+                        visualizer.add_datasample(osp.basename(sample.img_path), image, sample, draw_gt=True,
+                                                  draw_pred=True, show=False, out_file=out_file, **kwargs)
+                    rows.append(mmcv.imread(out_file))
+            finally:
+                model.train(was_training)
+        if not rows:
+            return None
+        width = max(r.shape[1] for r in rows)
+        rows = [np.pad(r, ((0, 0), (0, width - r.shape[1]), (0, 0)), constant_values=255) for r in rows]
+        path = osp.join(runner.work_dir, f'{self.prefix}_predictions.png')
+        if not mmcv.imwrite(np.concatenate(rows), path):
+            raise OSError(f'could not write {path}')
+        return path
+
+    def _curves(self, runner) -> Optional[str]:
+        from mmvisatt.analysis.logs import LogError, load_training_log, plot_training_log
+        try:
+            log = load_training_log(runner.work_dir)
+        except (LogError, FileNotFoundError) as error:
+            print_log(f'no training curves: {error}', logger='current')
+            return None
+        keys = [k for k in log.train if k == 'loss'] + [k for k in log.val
+                                                        if k.endswith(('_mAP', 'mIoU', 'accuracy/top1'))]
+        return plot_training_log(log, osp.join(runner.work_dir, f'{self.prefix}_curves.png'), keys=keys or None,
+                                 title=osp.basename(osp.abspath(runner.work_dir)))

@@ -19,8 +19,8 @@ file, or with none at all; ``find_latest_checkpoint`` then resumes from whatever
 * :class:`PreemptionHook` turns SIGTERM (what Slurm sends on preemption and at the time limit) and SIGUSR1
   (``sbatch --signal=USR1@SECONDS``) into a checkpoint at the next iteration boundary on every rank and a clean exit
   (:class:`TrainingPreempted`); ``--resume`` continues exactly from it.
-* :class:`FaultInjectionHook` kills the process at a chosen iteration or in the middle of a checkpoint write, to
-  test all of the above.
+
+The tests kill runs on purpose to check all of the above (``tests/fault_injection.py``).
 """
 import contextlib
 import errno
@@ -638,55 +638,8 @@ class ExactResumeHook(Hook):
         set_rng_states(mine)
 
 
-FAULT_POINTS = ('iteration', 'checkpoint_write')
-
-
-@HOOKS.register_module()
-class FaultInjectionHook(Hook):
-    """Kill the training process on purpose, to test recovery. Not for real runs.
-
-    Args:
-        at_iter: 1-based iteration (as in the log) the fault happens at.
-        point: ``'iteration'``: the process dies before iteration ``at_iter`` runs (iterations up to
-            ``at_iter - 1`` are done); ``'checkpoint_write'``: it dies inside the write of the checkpoint of
-            iteration ``at_iter`` (or of the epoch ending there), once the bytes are in the temporary file and
-            before it is renamed: the moment an in-place writer leaves a truncated checkpoint behind.
-        rank: the rank that dies (None: every rank). A checkpoint is written by rank 0 only.
-        sig: the signal, SIGKILL by default (no clean-up handlers run).
-
-    Enable it without editing a config: ``--cfg-options default_hooks.fault.type=FaultInjectionHook
-    default_hooks.fault.at_iter=5``.
-    """
-
-    priority = 'VERY_HIGH'
-
-    def __init__(self, at_iter: int, point: str = 'iteration', rank: Optional[int] = None,
-                 sig: int = int(signal.SIGKILL)) -> None:
-        if point not in FAULT_POINTS:
-            raise ValueError(f'FaultInjectionHook: point must be one of {FAULT_POINTS}, got {point!r}')
-        self.at_iter, self.point, self.rank, self.sig = int(at_iter), point, rank, int(sig)
-
-    def _die(self) -> None:
-        where = 'before iteration' if self.point == 'iteration' else 'while writing the checkpoint of iteration'
-        print_log(f'FaultInjectionHook: sending signal {self.sig} to rank {get_rank()} {where} {self.at_iter}',
-                  logger='current', level=30)
-        os.kill(os.getpid(), self.sig)
-
-    def _mine(self) -> bool:
-        return self.rank is None or self.rank == get_rank()
-
-    def before_train_iter(self, runner, batch_idx: int, data_batch=None) -> None:
-        if self.point == 'iteration' and runner.iter + 1 == self.at_iter and self._mine():
-            self._die()
-
-    def before_save_checkpoint(self, runner, checkpoint: dict) -> None:
-        if self.point == 'checkpoint_write' and checkpoint['meta'].get('iter') == self.at_iter and self._mine():
-            # the first fsync of the write comes right after the data went into the temporary file
-            os.fsync = lambda fd: self._die()
-
-
 __all__ = ['atomic_write', 'AtomicLocalBackend', 'AtomicCheckpointHook', 'checkpoint_problem',
            'find_resumable_checkpoint', 'resolve_auto_resume', 'enable_reliable_training', 'get_rng_states',
-           'set_rng_states', 'ExactResumeHook', 'FaultInjectionHook', 'PreemptionHook', 'TrainingPreempted',
+           'set_rng_states', 'ExactResumeHook', 'PreemptionHook', 'TrainingPreempted',
            'NothingToResumeError',
            'handling_preemption', 'ATOMIC_BACKEND', 'add_custom_hooks']

@@ -27,15 +27,16 @@ TWO_PATH_CASES: Dict[str, Tuple[str, dict]] = {
     'fan_hybrid': ('FAN', dict(arch=dict(form='hybrid', embed_dims=32, depth=3, num_heads=2, stem_depths=(1, 1),
                                          stem_dims=(16, 24), out_block=1, down_channels=40))),
     'fan_swin': ('FAN', dict(arch=dict(form='swin', embed_dims=16, depths=(1, 2, 1, 1), num_heads=(1, 2, 2, 4)))),
-    'revit': ('ReViT', dict(arch=dict(embed_dims=32, depth=3, num_heads=4))),
-    'remvit': ('ReMViTv2', dict(arch=dict(embed_dims=16, depths=(1, 2, 1, 1), num_heads=1))),
 }
 
-# every form, tiny: the two-path ones and ReSwin, whose one path carries its scores whole
+# every form, tiny: the two-path ones and the ReViT family, whose one path carries its scores whole
 TINY_CASES: Dict[str, Tuple[str, dict]] = {
     **TWO_PATH_CASES,
     'reswin': ('ReSwinTransformer', dict(arch=dict(embed_dims=16, depths=(2, 2, 2, 2), num_heads=(1, 2, 4, 8)))),
+    'revit': ('ReViT', dict(arch=dict(embed_dims=32, depth=3, num_heads=4))),
+    'remvit': ('ReMViTv2', dict(arch=dict(embed_dims=16, depths=(1, 2, 1, 1), num_heads=1))),
 }
+ONE_PATH = ('ReSwinTransformer', 'ReViT', 'ReMViTv2')
 
 # (registered type, preset): the T-size preset of every form (ReViT's smallest is B)
 T_PRESETS: List[Tuple[str, str]] = [
@@ -45,14 +46,21 @@ T_PRESET_IDS = [f'{name}-{arch}' for name, arch in T_PRESETS]
 
 
 def has_two_paths(name: str) -> bool:
-    """ReSwinTransformer has one attention path (its mixed scores are carried whole), every other family two."""
-    return name != 'ReSwinTransformer'
+    """The ReViT family has one attention path (its mixed scores are carried to the next block, so the map is made
+    whatever kernel attends with it), every other family two."""
+    return name not in ONE_PATH
+
+
+def resolve_arch(name: str, arch) -> dict:
+    """The arch dict a registered backbone type builds from ``arch`` (``'FAN'`` is a builder of its forms)."""
+    from mmvisatt.models.backbones.fan import FANBase
+    return dict((FANBase if name == 'FAN' else MODELS.get(name))._resolve_arch(arch))
 
 
 def one_block_per_stage(name: str, arch: str) -> dict:
     """The preset's arch with one block per stage (two for the single-stage ViTs, whose residual gate acts from
     the second block on): the widths and attention layouts stay, the depth goes."""
-    arch = dict(MODELS.get(name)._resolve_arch(arch))
+    arch = resolve_arch(name, arch)
     for key in ('depths', 'depth'):
         if isinstance(arch.get(key), (list, tuple)):
             arch[key] = [1] * len(arch[key])

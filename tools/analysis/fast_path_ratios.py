@@ -1,9 +1,8 @@
 """Latency ratio of two models measured pass by pass in one process (the method of docs/performance.md).
 
 Pairs:
-  fast-path FAMILY ARCH   reference path / fused path (fused_attn=False / True) of RMT, EVT, FAN,
-                          ShuntedTransformer, ReViT or ReMViTv2, same weights (the reference model gets the fast
-                          model's state_dict)
+  fast-path FAMILY ARCH   reference path / fused path (fused_attn=False / True) of RMT, EVT, FAN or
+                          ShuntedTransformer, same weights (the reference model gets the fast model's state_dict)
   reswin                  ReSwinTransformer(arch='t') / mmdet SwinTransformer of the same shape and settings
                           (--residual-mode aligned for the position-aligned residual scores)
   reswin-det              a whole detector config with a ReSwin backbone (--config, default
@@ -37,8 +36,8 @@ import mmvisatt.models  # noqa: F401  (registers the backbones)
 from benchmark import (ALLOCATORS, CLOCKS, TimmFeatures, apply_allocator, cpu_split, cpu_usage, current_allocator,
                        time_pass)
 
-# the backbones with two attention paths under the one ``fused_attn`` switch (ReSwin has one)
-FAMILIES = ('RMT', 'EVT', 'FAN', 'ShuntedTransformer', 'ReViT', 'ReMViTv2')
+# the backbones with two attention paths under the one ``fused_attn`` switch (the ReViT family has one)
+FAMILIES = ('RMT', 'EVT', 'FAN', 'ShuntedTransformer')
 DET_CONFIG = osp.join(osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))), 'configs',
                       'mask_rcnn_reswin_t_1x.py')
 # ReSwinTransformer arguments that mmdet's SwinTransformer takes under the same name and meaning
@@ -49,7 +48,7 @@ SWIN_SHARED_ARGS = ('in_channels', 'patch_size', 'window_size', 'mlp_ratio', 'qk
 def swin_like(reswin_cfg: dict) -> dict:
     """The mmdet ``SwinTransformer`` config with the shape and settings of a ``ReSwinTransformer`` config
     (unset arguments take ReSwin's defaults, so both sides agree even where the two classes' defaults differ)."""
-    from mmvisatt.models.backbones.revit import ReSwinTransformer
+    from mmvisatt.models.backbones import ReSwinTransformer
     defaults = {name: p.default for name, p in inspect.signature(ReSwinTransformer).parameters.items()}
     arch = ReSwinTransformer._resolve_arch(reswin_cfg.get('arch', defaults['arch']))
     cfg = dict(type='mmdet.SwinTransformer', embed_dims=arch['embed_dims'], depths=tuple(arch['depths']),

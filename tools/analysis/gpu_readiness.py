@@ -4,7 +4,7 @@ the 3x multi-scale range under ``torch.compile(dynamic=True)``.
 
     python tools/analysis/gpu_readiness.py                      # op counts and host tensors, seconds per preset
     python tools/analysis/gpu_readiness.py --compile            # adds the compile counts (minutes per preset)
-    python tools/analysis/gpu_readiness.py --compile --presets ReMViTv2-t --kwargs handoff=True
+    python tools/analysis/gpu_readiness.py --compile --presets ReMViTv2-t --kwargs score_memory=\'handoff\'
 
 Each preset is built under ``torch.device('meta')`` in training mode; a step is forward + backward of the
 mean of every output (:mod:`mmvisatt.testing.device_audit`). The compile counts use the preset's widths and
@@ -43,7 +43,7 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
     parser.add_argument('--presets', nargs='+', metavar='TYPE-ARCH',
                         help='e.g. ReSwinTransformer-t (default: every T preset)')
     parser.add_argument('--kwargs', nargs='+', default=[], metavar='KEY=VALUE',
-                        help='backbone arguments, e.g. handoff=True (Python literals)')
+                        help="backbone arguments, e.g. score_memory='handoff' (Python literals)")
     parser.add_argument('--compile', action='store_true', help='also count compiled graphs (slow)')
     parser.add_argument('--json', metavar='FILE', help='write the rows as JSON')
     args = parser.parse_args(argv)

@@ -16,7 +16,7 @@ Training also estimates a dense config's per-GPU memory from the measured table 
 keys, and warns where it exceeds the GPU's.
 
 What only the built model can tell (a checkpoint's fit, the neck's input channels) is checked after the build
-(:func:`check_checkpoint_fits`, :class:`~mmvisatt.engine.hooks.ChannelCheckHook`).
+(:func:`check_checkpoint_fits`, :class:`~mmvisatt.engine.model_checks.ChannelCheckHook`).
 """
 import os.path as osp
 from typing import Any, Dict, List, Optional

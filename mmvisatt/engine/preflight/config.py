@@ -153,27 +153,20 @@ def check_top_level_keys(cfg: Config, source: str, cutoff: float = 0.8) -> None:
         raise ConfigKeyError('\n'.join(problems))
 
 
-# backbone arguments whose memory path is a row-chunked autograd function, which torch.compile does not trace:
-# compiled blocks run the plain score path instead (docs/performance.md, "GPU readiness")
-COMPILED_PLAIN_PATHS = {'handoff': 'score handoff', 'carry_factors': 'carried score factors'}
-
-
 def check_compile_memory_paths(cfg: Config) -> List[str]:
-    """Warn (and return the warnings) where ``compile`` is on and the backbone asks for a memory path that a
-    compiled step does not run, with what that costs."""
+    """Warn (and return the warnings) where ``compile`` is on and the backbone keeps its score maps by a chunked
+    strategy (``score_memory='handoff'`` or ``'factors'``), whose row-chunk loops torch.compile does not trace."""
     if not cfg.get('compile'):
         return []
     from mmengine.logging import print_log
     backbone = (cfg.get('model') or {}).get('backbone') or {}
-    warnings = []
-    for key, path in COMPILED_PLAIN_PATHS.items():
-        if backbone.get(key) is True:
-            warnings.append(
-                f"compile=True with model.backbone.{key}=True: the {path} is a row-chunked autograd function "
-                "that torch.compile does not trace, so the compiled blocks take the plain score path, which keeps "
-                f"every block's whole score map for the backward: expect the training peak of {key}=False "
-                f"(docs/performance.md, \"GPU readiness\"). To keep the {path}'s memory cut, train without "
-                'compile (--cfg-options compile=False).')
+    strategy = backbone.get('score_memory', 'full')
+    if strategy == 'full':
+        return []
+    warnings = [f"compile=True with model.backbone.score_memory={strategy!r}: the strategy's row-chunk loops are "
+                'Python loops over the sizes, which torch.compile does not trace, so every block breaks the graph '
+                'and attends eagerly between compiled pieces (the memory cut holds, the fusion does not). '
+                "score_memory='full' compiles whole, at the training peak of the score maps (docs/performance.md)."]
     for message in warnings:
         print_log(message, logger='current', level=30)
     return warnings

@@ -1,6 +1,8 @@
 from .evt import EVT
 from .fan import FAN
-from .revit import ReMViTv2, ReSwinTransformer, ReViT
+from .reswin import ReSwinTransformer
+from .revit import ReViT
+from .remvit import ReMViTv2
 from .rmt import RMT
 from .shunted import ShuntedTransformer
 

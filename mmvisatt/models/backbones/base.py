@@ -53,11 +53,13 @@ class AttentionBackbone(BaseModule):
     with frozen stages / norm_eval.
 
     Subclasses set ``arch_zoo``, ``_arch_keys`` (keys an arch dict must have), ``_arch_prefix`` (the
-    family-qualified preset prefix, e.g. ``'reswin'``), ``new_keys`` (patterns of parameters an official
-    checkpoint does not have, such as dense-task output norms), ``in_channels`` and ``min_input_size`` (smallest
-    input side the stem accepts), and implement ``_freeze_stages`` and ``_layer_order`` (for layer-wise
-    learning-rate decay). ``static_export_shapes`` says why ONNX export must fix the input height and width
-    (None: they can be dynamic).
+    family-qualified preset prefix and checkpoint family, e.g. ``'reswin'``), ``new_keys`` (patterns of parameters
+    an official checkpoint does not have, such as dense-task output norms), ``in_channels``, ``frozen_stages``,
+    ``norm_eval`` and ``min_input_size`` (smallest input side the stem accepts); say what ``frozen_stages`` counts
+    where it is not ``stages`` (``_stem``, ``_frozen_units``, ``_stage_norms``); implement ``_layer_order`` (for
+    layer-wise learning-rate decay) and, where the family initialises more than linear layers and norms,
+    ``_default_init``. ``static_export_shapes`` says why ONNX export must fix the input height and width (None: they
+    can be dynamic).
     """
     arch_zoo: Dict[str, dict] = {}
     _arch_keys: Tuple[str, ...] = ()
@@ -65,6 +67,7 @@ class AttentionBackbone(BaseModule):
     _arch_aliases = {'tiny': 't', 'small': 's', 'base': 'b', 'large': 'l'}
     new_keys: Tuple[str, ...] = ()
     static_export_shapes: Optional[str] = None
+    _registered_as: Optional[str] = None  # the registry type that builds it, where that is not the class name
 
     @property
     def min_input_size(self) -> int:
@@ -83,8 +86,9 @@ class AttentionBackbone(BaseModule):
         key = cls._arch_aliases.get(key, key)
         if key not in cls.arch_zoo:
             names = [k for k, v in cls._arch_aliases.items() if v in cls.arch_zoo]
-            raise ValueError(f"Unknown {cls.__name__} arch '{arch}'; choose one of {sorted(cls.arch_zoo)} (or "
-                             f"{cls._arch_prefix}_{'/'.join(cls.arch_zoo)}, {'/'.join(names)}) or pass a dict.")
+            raise ValueError(f"Unknown {cls._registered_as or cls.__name__} arch '{arch}'; choose one of "
+                             f"{sorted(cls.arch_zoo)} (or {cls._arch_prefix}_{'/'.join(cls.arch_zoo)}, "
+                             f"{'/'.join(names)}) or pass a dict.")
         return dict(cls.arch_zoo[key])
 
     @staticmethod
@@ -92,6 +96,15 @@ class AttentionBackbone(BaseModule):
         if any(not -num_outputs <= i < num_outputs for i in out_indices):
             raise ValueError(f'out_indices {tuple(out_indices)} out of range for {num_outputs} outputs')
         return tuple(i % num_outputs for i in out_indices)
+
+    def init_weights(self):
+        """A ``Pretrained`` ``init_cfg`` loads through the family's converter (named as the arch prefix), another
+        ``init_cfg`` runs as mmengine's; without one the family's own initialisation."""
+        if not self._init_from_cfg(self._arch_prefix):
+            self._default_init()
+
+    def _default_init(self) -> None:
+        init_transformer_weights(self)
 
     def _init_from_cfg(self, family: str) -> bool:
         """Run a ``Pretrained`` (through the family converter and load report) or other mmengine ``init_cfg``.
@@ -117,8 +130,37 @@ class AttentionBackbone(BaseModule):
                              f'{self.min_input_size} pixels (its stem), got {tuple(x.shape[-2:])}; '
                              f'resize or pad the input.')
 
+    # what frozen_stages freezes: the stem (module or parameter names) from 0 on, then the first frozen_stages
+    # entries of the module list named by _frozen_units, with their output norms norm{i} where the outputs are
+    # the stages' (not a pyramid's levels)
+    _stem: Tuple[str, ...] = ('patch_embed', )
+    _frozen_units = 'stages'
+    _stage_norms = True
+
+    def _carry_through_stages(self, x: Tensor) -> Tuple[Tensor, ...]:
+        """Run ``stages`` that hand the residual scores on (``stage(x, carried, alpha) -> (x, carried)``, the ReViT
+        family); the normalised NCHW outputs of ``out_indices``."""
+        carried, outs = None, []
+        for i, stage in enumerate(self.stages):
+            x, carried = stage(x, carried, self.alpha)
+            if i in self.out_indices:
+                outs.append(getattr(self, f'norm{i}')(x).permute(0, 3, 1, 2).contiguous())
+        return tuple(outs)
+
     def _freeze_stages(self):
-        raise NotImplementedError
+        """Keep the stem and the first ``frozen_stages`` stages (blocks of a plain ViT) in eval mode without
+        gradients; -1 freezes nothing. A gate every layer shares (the ReViT family's ``alpha``) is frozen from one
+        frozen stage on: frozen stages stay frozen only if it does."""
+        n = self.frozen_stages
+        if n < 0:
+            return
+        frozen = [self.get_submodule(name) if '.' in name else getattr(self, name) for name in self._stem]
+        frozen += list(getattr(self, self._frozen_units))[:n]
+        frozen += [getattr(self, f'norm{i}') for i in range(n) if self._stage_norms and hasattr(self, f'norm{i}')]
+        self._freeze(frozen)
+        alpha = getattr(self, 'alpha', None)
+        if n >= 1 and isinstance(alpha, nn.Parameter):
+            alpha.requires_grad = False
 
     def _layer_order(self) -> LayerOrder:
         """The parameterised modules of the pretrained network in forward order, as (name, is a block).
@@ -153,8 +195,12 @@ class AttentionBackbone(BaseModule):
                     return layer, num_layers
         return num_layers - 1, num_layers
 
-    def _freeze(self, modules: Sequence[nn.Module]) -> None:
+    @staticmethod
+    def _freeze(modules: Sequence[Union[nn.Module, nn.Parameter]]) -> None:
         for module in modules:
+            if isinstance(module, nn.Parameter):
+                module.requires_grad = False
+                continue
             module.eval()
             for p in module.parameters():
                 p.requires_grad = False
@@ -171,7 +217,6 @@ class AttentionBackbone(BaseModule):
 
 class DecayBackbone(AttentionBackbone):
     """What RMT and EVT share: building from a preset, stage loop with output norms, freezing, init, loading."""
-    _family = ''
     # Entries of release files chosen over plain 'model' weights when present (the EMA the papers report).
     _release_keys = ('model_ema', )
 
@@ -231,25 +276,9 @@ class DecayBackbone(AttentionBackbone):
                 outs.append(out.permute(0, 3, 1, 2).contiguous())
         return tuple(outs)
 
-    def _freeze_stages(self):
-        if self.frozen_stages < 0:
-            return
-        frozen = [self.patch_embed] + [self.stages[i] for i in range(min(self.frozen_stages, len(self.stages)))]
-        if self.out_norms:
-            frozen += [getattr(self, f'norm{i}') for i in range(self.frozen_stages) if i in self.out_indices]
-        self._freeze(frozen)
-
     def _layer_order(self) -> LayerOrder:
         yield 'patch_embed', False
         yield from stage_layer_order(self.stages, after=('downsample', ))
-
-    def _default_init(self) -> None:
-        init_transformer_weights(self)
-
-    def init_weights(self):
-        if self._init_from_cfg(self._family):
-            return
-        self._default_init()
 
     def _init_from_cfg(self, family: str) -> bool:
         cfg = self.init_cfg

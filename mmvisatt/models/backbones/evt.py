@@ -27,7 +27,7 @@ from ..layers.attention import attention, resolve_fused_attn
 from ..layers.checkpoint import checkpoint
 from ..layers.patch import PatchEmbed, PatchMerging
 from ..layers.retentive import ConvDownsample, ConvStem, RetentiveBlock
-from ..layers.spatial_decay import SpatialDecay, TokenGroups, group_tokens, grouped_attention_fused, ungroup_tokens
+from ..layers.spatial_decay import SpatialDecay, TokenGroups, group_tokens, ungroup_tokens
 from .base import DecayBackbone, drop_path_rates
 
 MODES = ('grouped', 'dilated', 'full')
@@ -64,13 +64,11 @@ class EuclideanSelfAttention(nn.Module):
         if groups is None:
             q, k, v = (t.reshape(B, H * W, heads, -1).transpose(1, 2) for t in (q, k, v))
             out = attention(q, k, v, bias, 1., fused=self.fused).transpose(1, 2)
-        elif self.fused:
-            out = grouped_attention_fused(*(t.reshape(B, H * W, C) for t in (q, k, v)), bias, groups, heads)
         else:
             # (B, G, g, heads, d) -> (B, heads * G, g, d): each (head, group) pair is one attention problem
             q, k, v = (group_tokens(t.reshape(B, H * W, C), groups).unflatten(-1, (heads, -1))
                        .permute(0, 3, 1, 2, 4).flatten(1, 2) for t in (q, k, v))
-            out = attention(q, k, v, bias.flatten(0, 1), 1., fused=False)
+            out = attention(q, k, v, bias.flatten(0, 1), 1., fused=self.fused)
             out = ungroup_tokens(out.unflatten(1, (heads, -1)).permute(0, 2, 3, 1, 4).flatten(-2), groups)
         return self.out_proj(out.reshape(B, H, W, C))
 
@@ -98,7 +96,7 @@ class EVTStage(nn.Module):
     ``style='rmt'``: CPE + EuSA + classic FFN blocks and a strided-conv downsampling (EVT-T/S/B/L);
     ``style='swin'``: Swin's blocks and patch merging (EVT-Swin)."""
 
-    def __init__(self, dim: int, out_dim: Optional[int], depth: int, num_heads: int, mlp_ratio: float,
+    def __init__(self, dim: int, out_dim: Optional[int], depth: int, num_heads: int, *, mlp_ratio: float,
                  init_value: float, heads_range: float, full: bool, group_size: int, drop_path: Sequence[float],
                  layer_scale: Optional[float] = None, style: str = 'rmt', with_cp: bool = False,
                  fused: bool = True, norm_cfg: Optional[dict] = None):
@@ -178,7 +176,6 @@ class EVT(DecayBackbone):
     }
     _arch_keys = ('embed_dims', 'depths', 'num_heads')
     _arch_prefix = 'evt'
-    _family = 'evt'
     new_keys = ('norm0.*', 'norm1.*', 'norm2.*', 'norm3.*')
     static_export_shapes = ('the token groups (their number, padding and runs) are Python integers of the map '
                             'size, which torch.export cannot trace symbolically')
@@ -210,11 +207,12 @@ class EVT(DecayBackbone):
         for i in range(n):
             start = sum(depths[:i])
             self.stages.append(EVTStage(
-                dims[i], dims[i + 1] if i < n - 1 else None, depths[i], heads[i], per_stage['mlp_ratios'][i],
-                per_stage['init_values'][i], per_stage['heads_ranges'][i], per_stage['full_attention'][i],
-                group_size, rates[start:start + depths[i]],
-                layer_init_values if per_stage['layer_scales'][i] else None, style, with_cp, self.fused_attn,
-                norm_cfg))
+                dims[i], dims[i + 1] if i < n - 1 else None, depths[i], heads[i],
+                mlp_ratio=per_stage['mlp_ratios'][i], init_value=per_stage['init_values'][i],
+                heads_range=per_stage['heads_ranges'][i], full=per_stage['full_attention'][i],
+                group_size=group_size, drop_path=rates[start:start + depths[i]],
+                layer_scale=layer_init_values if per_stage['layer_scales'][i] else None, style=style,
+                with_cp=with_cp, fused=self.fused_attn, norm_cfg=norm_cfg))
         self._add_output_norms()
         self._freeze_stages()
 

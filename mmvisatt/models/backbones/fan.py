@@ -24,17 +24,17 @@ import torch.nn as nn
 import torch.nn.functional as F
 from mmcv.cnn import build_norm_layer
 from mmengine.registry import MODELS
-from timm.layers import DropPath, Mlp, trunc_normal_
+from timm.layers import DropPath, LayerNorm2d, Mlp, trunc_normal_
 from torch import Tensor
 
 from mmvisatt.checkpoint import register_converter
 from ..layers.attention import attention, resolve_fused_attn
 from ..layers.channel_attention import ConvValueMlp, EfficientChannelAttention, TokenAttention
 from ..layers.checkpoint import checkpoint, checkpoint_seq
-from ..layers.layout import tokens_to_map
+from ..layers.patch import tokens_to_map
 from ..layers.patch import PatchEmbed, PatchMerging
 from ..layers.simple_pyramid import PYRAMID_WIDTHS, SimpleFeaturePyramid
-from ..layers.window import WindowAttentionBase, WindowGrid, merge_windows, partition_windows, window_attention_mask
+from ..layers.window import WindowAttention, WindowGrid, merge_windows, partition_windows, window_attention_mask
 from .base import AttentionBackbone, LayerOrder, drop_path_rates, init_transformer_weights, stage_layer_order
 
 Size = Tuple[int, int]
@@ -103,25 +103,19 @@ class ConvPatchEmbed(nn.Module):
         return x.flatten(2).transpose(1, 2).contiguous(), tuple(x.shape[-2:]), []
 
 
-class LayerNorm2d(nn.LayerNorm):
-    """LayerNorm over the channels of an NCHW map; ``unbiased=True`` divides the variance by C - 1.
-
-    The unbiased form is a numerical accident of the official hybrid stem (timm 0.5's LayerNorm2d falls back to
-    ``torch.var_mean`` for channels_last-strided input, which every norm after the stem's receives), kept
-    because the released weights were trained with it.
-    """
-
-    def __init__(self, dim: int, eps: float = 1e-6, unbiased: bool = False):
-        super().__init__(dim, eps=eps)
-        self.unbiased = unbiased
+class UnbiasedLayerNorm2d(LayerNorm2d):
+    """timm's ``LayerNorm2d`` with the variance divided by C - 1: a numerical accident of the official hybrid stem
+    (timm 0.5's LayerNorm2d falls back to ``torch.var_mean`` for channels_last-strided input, which every norm
+    after the stem's receives), kept because the released weights were trained with it."""
 
     def forward(self, x: Tensor) -> Tensor:
-        if not self.unbiased:
-            return F.layer_norm(x.permute(0, 2, 3, 1), self.normalized_shape, self.weight, self.bias,
-                                self.eps).permute(0, 3, 1, 2)
         var, mean = torch.var_mean(x, dim=1, keepdim=True)
         x = (x - mean) * torch.rsqrt(var + self.eps)
         return x * self.weight[:, None, None] + self.bias[:, None, None]
+
+
+def _layer_norm_2d(dim: int, unbiased: bool = False) -> LayerNorm2d:
+    return UnbiasedLayerNorm2d(dim) if unbiased else LayerNorm2d(dim)
 
 
 class ConvNeXtMlp(nn.Module):
@@ -141,7 +135,7 @@ class ConvNeXtBlock(nn.Module):
     def __init__(self, dim: int, unbiased_norm: bool, layer_scale: float = 1e-6):
         super().__init__()
         self.conv_dw = nn.Conv2d(dim, dim, 7, padding=3, groups=dim)
-        self.norm = LayerNorm2d(dim, unbiased=unbiased_norm)
+        self.norm = _layer_norm_2d(dim, unbiased_norm)
         self.mlp = ConvNeXtMlp(dim, 4 * dim)
         self.gamma = nn.Parameter(torch.full((dim, ), layer_scale))
 
@@ -154,7 +148,7 @@ class ConvNeXtStage(nn.Module):
                  with_cp: bool = False):
         super().__init__()
         self.with_cp = with_cp
-        self.downsample = nn.Sequential(LayerNorm2d(in_dim, unbiased=unbiased_norms),
+        self.downsample = nn.Sequential(_layer_norm_2d(in_dim, unbiased_norms),
                                         nn.Conv2d(in_dim, dim, 2, 2)) if downsample else None
         self.blocks = nn.Sequential(*[ConvNeXtBlock(dim, unbiased_norms) for _ in range(depth)])
 
@@ -170,7 +164,7 @@ class HybridEmbed(nn.Module):
     stride-2 conv to ``dim`` channels (stride 16).
 
     ``unbiased_norms`` reproduces the official variance of every LayerNorm2d after the first (see
-    :class:`LayerNorm2d`). The input is padded to a multiple of 16, so every map has ceil(H / stride) rows
+    :class:`UnbiasedLayerNorm2d`). The input is padded to a multiple of 16, so every map has ceil(H / stride) rows
     before the caller crops the padded margin off the ConvNeXt maps.
     """
 
@@ -272,30 +266,6 @@ class ClassAttentionBlock(nn.Module):
         x = x + self.gamma1 * torch.cat([self.attn(u), u[:, 1:]], dim=1)
         x = self.norm2(x) if self.tokens_norm else torch.cat([self.norm2(x[:, :1]), x[:, 1:]], dim=1)
         return x + torch.cat([self.gamma2 * self.mlp(x[:, :1]), x[:, 1:]], dim=1)
-
-
-class WindowAttention(WindowAttentionBase):
-    """Swin's window multi-head self-attention with a relative-position bias."""
-
-    def __init__(self, dim: int, num_heads: int, window_size: int, qkv_bias: bool = True, attn_drop: float = 0.,
-                 proj_drop: float = 0., fused: bool = True):
-        super().__init__(num_heads, window_size)
-        self.fused = fused
-        self.attn_drop = attn_drop
-        self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
-        self.proj = nn.Linear(dim, dim)
-        self.proj_drop = nn.Dropout(proj_drop)
-
-    def forward(self, x: Tensor, num_windows: int, mask: Optional[Tensor] = None) -> Tensor:
-        """x: (B * num_windows, N, C); mask: additive (num_windows, N, N) -> (B * num_windows, N, C)."""
-        BW, N, C = x.shape
-        h = self.num_heads
-        q, k, v = self.qkv(x).reshape(-1, num_windows, N, 3, h, C // h).permute(3, 0, 1, 4, 2, 5)
-        bias = self.relative_position_bias()
-        if mask is not None:
-            bias = bias + mask[:, None]
-        out = attention(q, k, v, bias, dropout=self.attn_drop if self.training else 0., fused=self.fused)
-        return self.proj_drop(self.proj(out.transpose(2, 3).reshape(BW, N, C)))
 
 
 class FANSwinBlock(nn.Module):
@@ -428,7 +398,7 @@ class FANBase(AttentionBackbone):
         classifier (vit, hybrid): also build the class-attention head's final norm (``cls_norm``) for
             :meth:`forward_classifier` (vit/hybrid; the class-attention blocks are built whenever needed).
         unbiased_stem_norms (hybrid): official numerics: all ConvNeXt LayerNorm2d after the stem's divide the
-            variance by C - 1 (see :class:`LayerNorm2d`). False gives the textbook LayerNorm; use it only for
+            variance by C - 1 (see :class:`UnbiasedLayerNorm2d`). False gives the textbook LayerNorm; use it only for
             weights trained that way.
         pos_exponent (vit, hybrid): ``'paired'`` (the classifier's Fourier frequencies) or ``'linear'`` (the
             frequencies of the official detection/segmentation code, which differ from those its pretrained
@@ -469,6 +439,7 @@ class FANBase(AttentionBackbone):
     }
 
     form = ''
+    _registered_as = 'FAN'
     strides: Tuple[int, ...] = (4, 8, 16, 32)
 
     def _setup(self, arch: Union[str, dict], form: Optional[str], in_channels: int, out_indices: Sequence[int],
@@ -530,9 +501,7 @@ class FANBase(AttentionBackbone):
             return super()._resolve_arch(cls._arch_aliases.get(key, key))
         return super()._resolve_arch(arch)
 
-    def init_weights(self):
-        if self._init_from_cfg('fan'):
-            return
+    def _default_init(self):
         init_transformer_weights(self, _init_fan_module)
         if getattr(self, 'cls_token', None) is not None:
             trunc_normal_(self.cls_token, std=.02)
@@ -559,8 +528,11 @@ class FANBase(AttentionBackbone):
 class _TokenFAN(FANBase):
     """What FAN-ViT and FAN-Hybrid share: FAN blocks on a stem's tokens, the class-attention head, the
     classifier output and the layer order; each form builds its stem and dense levels."""
+    _stem = ('patch_embed', 'pos_embed')
+    _frozen_units = 'blocks'
+    _stage_norms = False  # the output norms belong to the dense levels
 
-    def _build_tokens(self, arch: dict, stem: nn.Module, mlp_ratio: float, qkv_bias: bool, drop_rate: float,
+    def _build_tokens(self, arch: dict, stem: nn.Module, *, mlp_ratio: float, qkv_bias: bool, drop_rate: float,
                       attn_drop_rate: float, drop_path_rate: float, eta: float, cls_attn_layers: int,
                       cls_tokens_norm: bool, classifier: bool, class_attention: bool, pos_exponent: str,
                       bn: Callable[[int], nn.Module]) -> None:
@@ -619,10 +591,6 @@ class _TokenFAN(FANBase):
         tokens = self._run_blocks(x)[0]
         return self.cls_norm(self._class_attention(tokens))[:, 0]
 
-    def _freeze_stages(self):
-        if self.frozen_stages >= 0:
-            self._freeze([self.patch_embed, self.pos_embed, *self.blocks[:self.frozen_stages]])
-
     def _stem_layer_order(self) -> LayerOrder:
         yield 'patch_embed', False
 
@@ -653,9 +621,11 @@ class FANViT(_TokenFAN):
                            with_cp, fused_attn)
         bn = partial(_build_bn, norm_cfg or dict(type='BN'))
         dim = arch['embed_dims']
-        self._build_tokens(arch, ConvPatchEmbed(in_channels, dim, bn), mlp_ratio, qkv_bias, drop_rate,
-                           attn_drop_rate, drop_path_rate, eta, cls_attn_layers, cls_tokens_norm,
-                           classifier or out_type == 'cls_token', False, pos_exponent, bn)
+        self._build_tokens(arch, ConvPatchEmbed(in_channels, dim, bn), mlp_ratio=mlp_ratio, qkv_bias=qkv_bias,
+                           drop_rate=drop_rate, attn_drop_rate=attn_drop_rate, drop_path_rate=drop_path_rate,
+                           eta=eta, cls_attn_layers=cls_attn_layers, cls_tokens_norm=cls_tokens_norm,
+                           classifier=classifier or out_type == 'cls_token', class_attention=False,
+                           pos_exponent=pos_exponent, bn=bn)
         if self.out_indices:
             self.pyramid = SimpleFeaturePyramid(dim, self.out_indices)
         self.num_features = [int(dim * w) for w in PYRAMID_WIDTHS]
@@ -689,9 +659,11 @@ class FANHybrid(_TokenFAN):
         bn = partial(_build_bn, norm_cfg or dict(type='BN'))
         dim = arch['embed_dims']
         stem = HybridEmbed(in_channels, dim, arch['stem_depths'], arch['stem_dims'], unbiased_stem_norms, with_cp)
-        self._build_tokens(arch, stem, mlp_ratio, qkv_bias, drop_rate, attn_drop_rate, drop_path_rate, eta,
-                           cls_attn_layers, cls_tokens_norm, classifier or out_type == 'cls_token',
-                           3 in self.out_indices, pos_exponent, bn)
+        self._build_tokens(arch, stem, mlp_ratio=mlp_ratio, qkv_bias=qkv_bias, drop_rate=drop_rate,
+                           attn_drop_rate=attn_drop_rate, drop_path_rate=drop_path_rate, eta=eta,
+                           cls_attn_layers=cls_attn_layers, cls_tokens_norm=cls_tokens_norm,
+                           classifier=classifier or out_type == 'cls_token',
+                           class_attention=3 in self.out_indices, pos_exponent=pos_exponent, bn=bn)
         down = arch.get('down_channels', 768) if feat_downsample else dim
         if 3 in self.out_indices and feat_downsample:
             self.downsample = nn.Conv2d(dim, down, 3, 2, 1)
@@ -775,14 +747,6 @@ class FANSwin(FANBase):
                                "out_indices with out_norms=True)")
         return self._forward_dense(x)[self.out_indices.index(3)].mean(dim=(2, 3))
 
-    def _freeze_stages(self):
-        if self.frozen_stages < 0:
-            return
-        frozen = [self.patch_embed, *self.stages[:self.frozen_stages]]
-        frozen += [getattr(self, f'norm{i}') for i in range(self.frozen_stages)
-                   if i in self.out_indices and self.out_norms]
-        self._freeze(frozen)
-
     def _layer_order(self) -> LayerOrder:
         yield 'patch_embed', False
         yield from stage_layer_order(self.stages, before=('downsample', ))
@@ -791,26 +755,26 @@ class FANSwin(FANBase):
 _FORM_CLASSES = {'vit': FANViT, 'hybrid': FANHybrid, 'swin': FANSwin}
 
 
-@MODELS.register_module()
-class FAN(FANBase):
-    """``FAN(arch=...)`` and ``type='FAN'`` build the form the arch names: :class:`FANViT`, :class:`FANHybrid` or
-    :class:`FANSwin` (the instance is of that class). An argument the form does not have is dropped when it holds
-    the value it defaults to in the forms that have it (e.g. ``classifier=False`` for Swin, so one config can
-    switch forms), and is an error otherwise that says which forms have it. Arguments: :class:`FANBase`."""
+@MODELS.register_module(name='FAN')
+def FAN(arch: Union[str, dict] = 'hybrid_s', form: Optional[str] = None, **kwargs) -> FANBase:  # noqa: N802
+    """Build the FAN form ``arch`` names (``type='FAN'``): a :class:`FANViT`, :class:`FANHybrid` or :class:`FANSwin`.
 
-    def __new__(cls, arch: Union[str, dict] = 'hybrid_s', form: Optional[str] = None, **kwargs):
-        target = _FORM_CLASSES[cls._resolve_form(arch, form)['form']]
-        accepted = inspect.signature(target.__init__).parameters
-        for name in [n for n in kwargs if n not in accepted]:
-            owners = {f: c for f, c in _FORM_CLASSES.items() if name in inspect.signature(c.__init__).parameters}
-            defaults = {inspect.signature(c.__init__).parameters[name].default for c in owners.values()}
-            if owners and defaults == {kwargs[name]}:
-                del kwargs[name]
-                continue
-            where = (f"exists for the {' and '.join(owners)} form{'s' if len(owners) > 1 else ''} only"
-                     if owners else 'is not an argument of any FAN')
-            raise ValueError(f"'{name}' {where}, not a {target.form} FAN ({target.__name__})")
-        return target(arch, form, **kwargs)
+    An argument the form does not have is dropped when it holds the value it defaults to in the forms that have
+    it (e.g. ``classifier=False`` for Swin, so one config can switch forms), and is an error otherwise that says
+    which forms have it. Arguments: :class:`FANBase`.
+    """
+    target = _FORM_CLASSES[FANBase._resolve_form(arch, form)['form']]
+    accepted = inspect.signature(target.__init__).parameters
+    for name in [n for n in kwargs if n not in accepted]:
+        owners = {f: c for f, c in _FORM_CLASSES.items() if name in inspect.signature(c.__init__).parameters}
+        defaults = {inspect.signature(c.__init__).parameters[name].default for c in owners.values()}
+        if owners and defaults == {kwargs[name]}:
+            del kwargs[name]
+            continue
+        where = (f"exists for the {' and '.join(owners)} form{'s' if len(owners) > 1 else ''} only"
+                 if owners else 'is not an argument of any FAN')
+        raise ValueError(f"'{name}' {where}, not a {target.form} FAN ({target.__name__})")
+    return target(arch, form, **kwargs)
 
 
 def _build_bn(norm_cfg: dict, channels: int) -> nn.Module:

@@ -173,7 +173,6 @@ class RMT(DecayBackbone):
     }
     _arch_keys = ('embed_dims', 'depths', 'num_heads')
     _arch_prefix = 'rmt'
-    _family = 'rmt'
     new_keys = ('norm0.*', 'norm1.*', 'norm2.*', 'norm3.*')
 
     def __init__(self, arch: Union[str, dict] = 't', in_channels: int = 3, drop_path_rate: Optional[float] = None,

@@ -32,7 +32,7 @@ from torch import Tensor
 from mmvisatt.checkpoint import register_converter
 from ..layers.attention import resolve_fused_attn
 from ..layers.checkpoint import checkpoint, checkpoint_seq
-from ..layers.layout import map_to_tokens, tokens_to_map
+from ..layers.patch import map_to_tokens, tokens_to_map
 from ..layers.shunted_attention import ODD_SIZES, ShuntedAttention, check_choice
 from .base import AttentionBackbone, LayerOrder, drop_path_rates, stage_layer_order
 
@@ -86,7 +86,7 @@ class ShuntedBlock(nn.Module):
         return x + self.drop_path(self.mlp(self.norm2(x), size))
 
 
-class ConvStem(nn.Module):
+class ShuntedStem(nn.Module):
     """Stride-4 stem: 7x7/2 conv-BN-ReLU, ``num_conv`` x 3x3 conv-BN-ReLU, 2x2/2 conv, LayerNorm (eps 1e-5)."""
 
     def __init__(self, in_channels: int, dim: int, num_conv: int = 0, odd_size: str = 'pad',
@@ -167,6 +167,7 @@ class ShuntedTransformer(AttentionBackbone):
         with_cp: activation checkpointing of every block and patch embedding (the stem included; its BatchNorm
             running statistics are updated once per forward pass, as without it).
     """
+    _stem = ('stages.0.patch_embed', )
     arch_zoo: Dict[str, dict] = {
         't': dict(embed_dims=(64, 128, 256, 512), depths=(1, 2, 4, 1), num_heads=(2, 4, 8, 16),
                   mlp_ratios=(8, 8, 4, 4), sr_ratios=(8, 4, 2, 1), num_conv=0),
@@ -203,7 +204,7 @@ class ShuntedTransformer(AttentionBackbone):
         self.stages = nn.ModuleList()
         for i in range(num_stages):
             if i == 0:
-                patch_embed = ConvStem(in_channels, dims[0], arch.get('num_conv', 0), odd_size, norm_cfg)
+                patch_embed = ShuntedStem(in_channels, dims[0], arch.get('num_conv', 0), odd_size, norm_cfg)
             else:
                 patch_embed = OverlapPatchEmbed(dims[i - 1], dims[i])
             blocks = [
@@ -256,9 +257,7 @@ class ShuntedTransformer(AttentionBackbone):
             sizes.append((sizes[-1] + 1) // 2)
         return sizes
 
-    def init_weights(self):
-        if self._init_from_cfg('shunted'):
-            return
+    def _default_init(self):
         # the official initialisation: trunc-normal linears, unit LayerNorms, He-normal (fan-out) convs
         for m in self.modules():
             if isinstance(m, nn.Linear):
@@ -278,11 +277,6 @@ class ShuntedTransformer(AttentionBackbone):
             if i in self.out_indices:
                 outs.append(x)
         return tuple(outs)
-
-    def _freeze_stages(self):
-        if self.frozen_stages < 0:
-            return
-        self._freeze([self.stages[0].patch_embed, *self.stages[:self.frozen_stages]])
 
     def _layer_order(self) -> LayerOrder:
         # the stem is stage 0's patch embedding; a stage norm feeds the next stage, so it is not a head

@@ -22,7 +22,7 @@ import torch.nn as nn
 from torch import Tensor
 
 from .attention import attention
-from .layout import map_to_tokens, tokens_to_map
+from .patch import map_to_tokens, tokens_to_map
 
 
 class TokenAttention(nn.Module):

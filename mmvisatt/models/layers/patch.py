@@ -1,5 +1,6 @@
-"""Patch embedding and patch merging on channels-last tokens (ViT, Swin, MViTv2 and the families built on them)."""
-from typing import Optional
+"""Patch embedding and patch merging on channels-last tokens (ViT, Swin, MViTv2 and the families built on them),
+and tokens seen as an image and back."""
+from typing import Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -50,3 +51,15 @@ class PatchMerging(nn.Module):
         x = F.pad(x, (0, 0, 0, W % 2, 0, H % 2))
         x = torch.cat([x[:, 0::2, 0::2], x[:, 1::2, 0::2], x[:, 0::2, 1::2], x[:, 1::2, 1::2]], dim=-1)
         return self.reduction(self.norm(x))
+
+
+def tokens_to_map(x: Tensor, size: Tuple[int, int]) -> Tensor:
+    """(B, N, C) row-major tokens of a ``size`` = (H, W) map -> a (B, C, H, W) view in channels-last memory, which
+    convolutions take as it lies (for every batch size, one image included)."""
+    B, N, C = x.shape
+    return x.reshape(B, *size, C).permute(0, 3, 1, 2)
+
+
+def map_to_tokens(x: Tensor) -> Tensor:
+    """(B, C, H, W) -> (B, H * W, C) row-major tokens; a view of a channels-last map."""
+    return x.permute(0, 2, 3, 1).flatten(1, 2)

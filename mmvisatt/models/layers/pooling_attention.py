@@ -1,23 +1,23 @@
-"""Pooling attention (MViTv2) with residual scores (ReViT); global ViT attention is its unpooled case.
+"""Pooling attention (MViTv2) with residual scores (ReViT), and the pre-norm block around it; global ViT attention
+is its unpooled case. ReViT and ReMViTv2 share both.
 
 Queries, keys and values are projected from the block input; with pooling, each is then pooled on its (H, W)
 grid by a depthwise convolution shared by the heads and normalised per head (MViTv2's ``conv`` pooling), queries
 at the block's stride and keys/values at a coarser one. Every pooled query scores every pooled key; the scores
-are mixed with the previous layer's (:mod:`.residual_attention`), decomposed relative positions are added, and
-with residual pooling the pooled query is added back to the attention output.
+are mixed with the previous layer's (:func:`~.residual_attention.residual_attention`), decomposed relative
+positions are added, and with residual pooling the pooled query is added back to the attention output.
 """
+import math
 from typing import Optional, Tuple, Union
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from timm.layers import DropPath, Mlp
 from torch import Tensor
 
-from .lean_scores import LeanScoreAttention, ResidualGate
-from .residual_attention import (POOLED_ALIGNERS, PooledScores, ScoreFactors, TokenGrid, align_pooled_by_position,
-                                 mix_scores)
-from .score_factors import factored_attention
-from .score_handoff import handoff_attention, plan_handoff
+from .residual_attention import POOLED_ALIGNERS, PooledScores, ScoreFactors, TokenGrid, residual_attention
+from .score_memory import SCORE_MEMORY, ScoreReduction, check_score_memory, chunked_attention, factored_attention
 
 Pair = Tuple[int, int]
 
@@ -47,34 +47,26 @@ def relative_position_embeddings(table: Tensor, q_len: int, k_len: int) -> Tenso
 
 def decomposed_rel_pos_terms(q: Tensor, q_size: Pair, kv_size: Pair, rel_pos_h: Tensor,
                              rel_pos_w: Tensor) -> Tuple[Tensor, Tensor]:
-    """``q . R_h(dy)`` (B, heads, qh, qw, kh) and ``q . R_w(dx)`` (B, heads, qh, qw, kw), from the unscaled query."""
+    """MViTv2's decomposed relative positions from the unscaled query (B, heads, qh * qw, head_dim):
+    ``q . R_h(dy)`` (B, heads, qh * qw, kh) and ``q . R_w(dx)`` (B, heads, qh * qw, kw), one row per query."""
     B, heads, _, dim = q.shape
     (qh, qw), (kh, kw) = q_size, kv_size
     r_q = q.reshape(B, heads, qh, qw, dim)
     rel_h = torch.einsum('bnhwc,hkc->bnhwk', r_q, relative_position_embeddings(rel_pos_h, qh, kh))
     rel_w = torch.einsum('bnhwc,wkc->bnhwk', r_q, relative_position_embeddings(rel_pos_w, qw, kw))
-    return rel_h, rel_w
-
-
-def add_decomposed_rel_pos(scores: Tensor, q: Tensor, q_size: Pair, kv_size: Pair, rel_pos_h: Tensor,
-                           rel_pos_w: Tensor) -> Tensor:
-    """``scores + q . R_h(dy) + q . R_w(dx)`` (MViTv2's decomposed relative positions, with the unscaled query).
-
-    scores: (B, heads, qh * qw, kh * kw); q: (B, heads, qh * qw, head_dim).
-    """
-    B = q.shape[0]
-    (qh, qw), (kh, kw) = q_size, kv_size
-    rel_h, rel_w = decomposed_rel_pos_terms(q, q_size, kv_size, rel_pos_h, rel_pos_w)
-    scores = (scores.reshape(B, -1, qh, qw, kh, kw) + rel_h[..., :, None]).add_(rel_w[..., None, :])
-    return scores.reshape(B, -1, qh * qw, kh * kw)
+    return rel_h.flatten(2, 3), rel_w.flatten(2, 3)
 
 
 class PoolingResidualAttention(nn.Module):
     """Multi-head attention over pooled queries and keys/values whose scores are mixed with the previous layer's.
 
+    There is no fused (``scaled_dot_product_attention``) path: every block hands its score map to the next one,
+    so the map is made whatever kernel attends with it. ``score_memory`` chooses how the map is kept instead.
+
     Args:
         dim: input channels. dim_out: output channels (MViTv2 changes the width inside attention).
         num_heads: heads; the head width is ``dim_out // num_heads``.
+        qkv_bias: bias of the query/key/value projection.
         pool_kernel: kernel of the depthwise pooling convolutions, or None for no pooling (plain ViT).
         stride_q, stride_kv: pooling strides of queries and of keys/values.
         rel_pos_size: length of the decomposed relative-position tables (``2 * max(q, kv map side) - 1`` at the
@@ -82,33 +74,27 @@ class PoolingResidualAttention(nn.Module):
         residual_pooling: add the pooled query to the attention output (MViTv2).
         residual_mode: how the previous layer's scores are brought onto this layer's grids, see
             :data:`~mmvisatt.models.layers.residual_attention.POOLED_ALIGNERS`.
-        lean_scores: the lean score path (:mod:`.lean_scores`, default; the backbones' ``fused_attn=True``) or the
-            plain autograd composition of the same ops (False): the reference the lean path is tested against, and
-            what ``torch.compile`` traces. Forward values are bit-identical (where :mod:`.lean_scores` says);
-            gradients equal up to summation order.
-        chunk_numel: score elements per row chunk of the lean, handoff and factor paths; None (default) takes the
-            input device's default (:func:`~.lean_scores.default_chunk_numel`: small on a CPU, large elsewhere).
-
-    Three paths, then: the reference, the lean one, and a memory-saving one in a module of its own, chosen by what
-    the caller passes. :class:`~mmvisatt.models.layers.residual_attention.ScoreFactors` as ``residual`` (plain ViT
-    blocks; empty ones in the first layer) select the carried factors of :mod:`.score_factors`, which return the
-    factors extended by this layer's; ``handoff=True`` on a block whose ``next_block`` (the next block's strides
-    and heads, set by the backbone) shrinks its scores selects :mod:`.score_handoff`. Their values are those of
-    the map path up to rounding.
+        score_memory: ``'full'``, ``'handoff'`` or ``'factors'`` (:mod:`.score_memory`). ``'handoff'`` needs
+            ``residual_mode='aligned'``; ``'factors'`` needs unpooled blocks without relative positions.
+        next_block: the next block's query stride, key/value stride and heads (None for the last block): what
+            ``'handoff'`` may shrink before handing the scores on.
     """
 
-    def __init__(self, dim: int, dim_out: int, num_heads: int, qkv_bias: bool = True,
+    def __init__(self, dim: int, dim_out: int, num_heads: int, *, qkv_bias: bool = True,
                  pool_kernel: Optional[Pair] = None, stride_q: Pair = (1, 1), stride_kv: Pair = (1, 1),
-                 rel_pos_size: Optional[int] = None, residual_pooling: bool = False,
-                 residual_mode: str = 'aligned', norm_eps: float = 1e-6, lean_scores: bool = True,
-                 chunk_numel: Optional[int] = None):
+                 rel_pos_size: Optional[int] = None, residual_pooling: bool = False, residual_mode: str = 'aligned',
+                 norm_eps: float = 1e-6, score_memory: str = 'full',
+                 next_block: Optional[Tuple[Pair, Pair, int]] = None):
         super().__init__()
-        if chunk_numel is not None and chunk_numel < 1:
-            raise ValueError(f'chunk_numel must be a positive number of score elements, or None for the '
-                             f"device's default, got {chunk_numel}")
-        self.chunk_numel = chunk_numel
         if residual_mode not in POOLED_ALIGNERS:
             raise ValueError(f"residual_mode must be one of {sorted(POOLED_ALIGNERS)}, got '{residual_mode}'")
+        self.score_memory = check_score_memory(score_memory, SCORE_MEMORY, type(self).__name__)
+        if score_memory == 'handoff' and residual_mode != 'aligned':
+            raise ValueError("score_memory='handoff' shrinks the scores as residual_mode='aligned' aligns them; "
+                             "the official alignment keeps score_memory='full'")
+        if score_memory == 'factors' and (pool_kernel is not None or rel_pos_size is not None):
+            raise ValueError("score_memory='factors' needs attention without pooling and relative positions (plain "
+                             "ViT blocks, as in ReViT); MViTv2 blocks take 'full' or 'handoff'")
         self.num_heads = num_heads
         self.dim_out = dim_out
         head_dim = dim_out // num_heads
@@ -116,9 +102,8 @@ class PoolingResidualAttention(nn.Module):
         self.stride_q = tuple(stride_q)
         self.stride_kv = tuple(stride_kv)
         self.residual_pooling = residual_pooling
-        self.lean_scores = lean_scores
         self.align = POOLED_ALIGNERS[residual_mode]
-        self.next_block: Optional[Tuple[Pair, Pair, int]] = None
+        self.next_block = next_block
         self.qkv = nn.Linear(dim, dim_out * 3, bias=qkv_bias)
         self.proj = nn.Linear(dim_out, dim_out)
         pooled = pool_kernel is not None
@@ -145,76 +130,57 @@ class PoolingResidualAttention(nn.Module):
         x = x.reshape(B, heads, dim, -1).transpose(2, 3)
         return norm(x), size
 
-    def forward(self, x: Tensor, residual: Union[PooledScores, ScoreFactors, None], alpha: Union[Tensor, float],
-                handoff: bool = False) -> Tuple[Tensor, Union[PooledScores, ScoreFactors]]:
+    def forward(self, x: Tensor, residual: Union[PooledScores, ScoreFactors, None],
+                alpha: Union[Tensor, float]) -> Tuple[Tensor, Union[PooledScores, ScoreFactors]]:
         """x: (B, H, W, dim) -> (B, H_q, W_q, dim_out), plus the mixed scores (with relative positions) to carry.
 
-        ``residual`` holds the previous layer's scores and grids; None in the first layer. Score factors instead
-        (see the class) select the factored path, which returns the factors to carry. ``handoff``: see the class.
+        ``residual``: the previous layer's scores and grids, None in the first layer; with
+        ``score_memory='factors'`` the carried factors (empty ones in the first layer), and factors are returned.
         """
         B, H, W, _ = x.shape
         # One copy into (3, B, heads, N, d): the score products then read q, k and v as they lie, where a batched
         # matmul over the permuted projection copies its operands in every product once B > 1.
         q, k, v = self.qkv(x).reshape(B, H * W, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4).contiguous()
-        if isinstance(residual, ScoreFactors):
-            x, factors = factored_attention(self, q, k, v, residual, alpha)
-            if self.residual_pooling:
-                x = x + q
-            return self.proj(x.transpose(1, 2).reshape(B, H, W, self.dim_out)), factors
-        q, q_size = self._pool(q, (H, W), self.pool_q, self.norm_q)
-        k, kv_size = self._pool(k, (H, W), self.pool_k, self.norm_k)
-        v, _ = self._pool(v, (H, W), self.pool_v, self.norm_v)
-        # this block's input is the previous block's query grid; strides accumulate from there
-        if residual is None:
-            in_h, in_w = 1, 1
+        if self.score_memory == 'factors':
+            x, carried = factored_attention(q * self.scale, k, v, (H, W), residual, alpha)
+            q_size = (H, W)
         else:
-            made_on = residual.made_on or residual.q_grid
-            in_h, in_w = made_on.stride_h, made_on.stride_w
-        q_grid = TokenGrid(*q_size, in_h * self.stride_q[0], in_w * self.stride_q[1])
-        kv_grid = TokenGrid(*kv_size, in_h * self.stride_kv[0], in_w * self.stride_kv[1])
-
-        # Compiled graphs take the plain composition (Inductor fuses it itself): the lean function's row-chunk
-        # loops depend on the sizes, which Inductor's symbolic shapes cannot lower.
-        plan = None
-        if handoff and self.next_block is not None and self.align is align_pooled_by_position:
-            plan = plan_handoff(q_grid, kv_grid, self.num_heads, self.next_block)
-        carried = None
-        if plan is not None and not torch.compiler.is_compiling():
-            x, scores = handoff_attention(self, q, k, v, residual, alpha, q_grid, kv_grid,
-                                          self._rel_terms(q, q_size, kv_size), plan)
-            carried = PooledScores(scores, plan.q_grid, plan.kv_grid, q_grid)
-        elif self.lean_scores and not torch.compiler.is_compiling():
-            rel = self._rel_terms(q, q_size, kv_size)
-            x, scores = self._lean_scores(q, k, v, residual, alpha, q_grid, kv_grid, rel)
-        else:
-            scores = (q * self.scale) @ k.transpose(-2, -1)
-            if residual is not None:
-                scores = mix_scores(scores, self.align(residual, q_grid, kv_grid, self.num_heads), None, alpha, 1)
-            if self.rel_pos_h is not None:
-                # After the mix, and kept in what is carried on: the official code adds them in place into the
-                # tensor it stores, and the aligned mode keeps that so released weights keep their meaning.
-                scores = add_decomposed_rel_pos(scores, q, q_size, kv_size, self.rel_pos_h, self.rel_pos_w)
-            x = scores.softmax(dim=-1) @ v
+            q, q_size = self._pool(q, (H, W), self.pool_q, self.norm_q)
+            k, kv_size = self._pool(k, (H, W), self.pool_k, self.norm_k)
+            v, _ = self._pool(v, (H, W), self.pool_v, self.norm_v)
+            x, carried = self._attend(q, k, v, q_size, kv_size, residual, alpha)
         if self.residual_pooling:
             x = x + q
         x = x.transpose(1, 2).reshape(B, *q_size, self.dim_out)
-        return self.proj(x), carried or PooledScores(scores, q_grid, kv_grid)
+        return self.proj(x), carried
 
-    def _rel_terms(self, q: Tensor, q_size: Pair, kv_size: Pair) -> Tuple[Optional[Tensor], Optional[Tensor]]:
-        if self.rel_pos_h is None:
-            return None, None
-        return decomposed_rel_pos_terms(q, q_size, kv_size, self.rel_pos_h, self.rel_pos_w)
-
-    def _lean_scores(self, q: Tensor, k: Tensor, v: Tensor, residual: Optional[PooledScores],
-                     alpha: Union[Tensor, float], q_grid: TokenGrid, kv_grid: TokenGrid,
-                     rel: Tuple[Optional[Tensor], Optional[Tensor]]) -> Tuple[Tensor, Tensor]:
-        """The forward above through :class:`LeanScoreAttention`: the same values, one score-sized tensor."""
-        aligned = None
-        keep = 1 - alpha
-        if residual is not None:
-            gated = residual._replace(scores=ResidualGate.apply(residual.scores, keep, self.chunk_numel))
-            aligned = self.align(gated, q_grid, kv_grid, self.num_heads)
-        return LeanScoreAttention.apply(q * self.scale, k, v, aligned, alpha, keep, *rel, self.chunk_numel)
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, q_size: Pair, kv_size: Pair,
+                residual: Optional[PooledScores], alpha: Union[Tensor, float]) -> Tuple[Tensor, PooledScores]:
+        # this block's input is the previous block's query grid; strides accumulate from there
+        source = TokenGrid(0, 0) if residual is None else residual.source_q_grid or residual.q_grid
+        in_h, in_w = source.stride_h, source.stride_w
+        q_grid = TokenGrid(*q_size, in_h * self.stride_q[0], in_w * self.stride_q[1])
+        kv_grid = TokenGrid(*kv_size, in_h * self.stride_kv[0], in_w * self.stride_kv[1])
+        rel_h = rel_w = None
+        if self.rel_pos_h is not None:
+            rel_h, rel_w = decomposed_rel_pos_terms(q, q_size, kv_size, self.rel_pos_h, self.rel_pos_w)
+        if self.score_memory == 'full':
+            prev = None if residual is None else self.align(residual, q_grid, kv_grid, self.num_heads)
+            x, scores = residual_attention(q * self.scale, k, v, prev, alpha, None, rel_h, rel_w)
+            return x, PooledScores(scores, q_grid, kv_grid)
+        prev = prev_kv_grid = None
+        if residual is not None and residual.q_grid == q_grid and residual.scores.shape[1] in (1, self.num_heads):
+            # already on this query grid (handed on shrunk): only its keys may still need repeating onto this key
+            # grid, which each row chunk does for itself
+            prev, prev_kv_grid = residual.scores, residual.kv_grid
+        elif residual is not None:
+            prev = self.align(residual, q_grid, kv_grid, self.num_heads)
+        reduction = ScoreReduction.plan(q_grid, kv_grid, self.num_heads, self.next_block)
+        x, scores = chunked_attention(q * self.scale, k, v, prev, alpha, rel_h, rel_w, reduction, kv_grid,
+                                      prev_kv_grid)
+        if reduction.shrinks:
+            return x, PooledScores(scores, reduction.q_grid, reduction.kv_grid, q_grid)
+        return x, PooledScores(scores, q_grid, kv_grid)
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         # Checkpoints trained at another resolution carry relative-position tables of another length.
@@ -224,3 +190,40 @@ class PoolingResidualAttention(nn.Module):
                 resized = F.interpolate(table.t().unsqueeze(0).float(), size=own.shape[0], mode='linear')
                 state_dict[prefix + name] = resized.squeeze(0).t().to(table.dtype)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+
+class ResidualAttentionBlock(nn.Module):
+    """Pre-norm transformer block with residual (pooling) attention: a ViT block, or an MViTv2 block with pooling.
+
+    Where the width changes (MViTv2 changes it inside attention), the shortcut is a linear projection of the
+    *normalised* input; where queries are strided, the shortcut is max-pooled with kernel stride + 1 (both as in
+    MViTv2). ``attn_kwargs`` go to :class:`PoolingResidualAttention`.
+    """
+
+    def __init__(self, dim: int, dim_out: int, num_heads: int, *, mlp_ratio: float = 4., drop_path: float = 0.,
+                 **attn_kwargs):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim, eps=1e-6)
+        self.attn = PoolingResidualAttention(dim, dim_out, num_heads, **attn_kwargs)
+        self.shortcut_proj = nn.Linear(dim, dim_out) if dim != dim_out else None
+        stride_q = self.attn.stride_q
+        if math.prod(stride_q) > 1:
+            kernel = [s + 1 if s > 1 else s for s in stride_q]
+            self.shortcut_pool = nn.MaxPool2d(kernel, stride_q, [k // 2 for k in kernel])
+        else:
+            self.shortcut_pool = None
+        self.drop_path = DropPath(drop_path) if drop_path > 0. else nn.Identity()
+        self.norm2 = nn.LayerNorm(dim_out, eps=1e-6)
+        self.mlp = Mlp(dim_out, int(dim_out * mlp_ratio), act_layer=nn.GELU)
+
+    def forward(self, x: Tensor, residual: Union[PooledScores, ScoreFactors, None],
+                alpha: Union[Tensor, float]) -> Tuple[Tensor, Union[PooledScores, ScoreFactors]]:
+        """x: (B, H, W, C) -> (B, H_q, W_q, C_out), plus what this layer carries on (see the attention)."""
+        x_norm = self.norm1(x)
+        out, scores = self.attn(x_norm, residual, alpha)
+        shortcut = x if self.shortcut_proj is None else self.shortcut_proj(x_norm)
+        if self.shortcut_pool is not None:
+            shortcut = self.shortcut_pool(shortcut.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)
+        x = shortcut + self.drop_path(out)
+        x = x + self.drop_path(self.mlp(self.norm2(x)))
+        return x, scores

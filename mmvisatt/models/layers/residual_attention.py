@@ -23,6 +23,7 @@ import math
 from typing import Callable, NamedTuple, Optional, Tuple, Union
 
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
@@ -62,8 +63,8 @@ def _slot_sources(num_prev: int, num_cur: int, device: torch.device) -> Tensor:
 
 
 # Blocks of a stage alternate between two partitions and batches mostly repeat their padded size, so a few
-# cached maps serve most calls; int32 indices halve their memory (about 15 MB per map at 800x1333 input). They are
-# widened per call and applied with torch.gather (see _take), which exports to ONNX GatherElements.
+# cached maps serve most calls; int32 keeps a cached map half the size of int64 indices. They are widened per call
+# and applied with torch.gather (see _take), which exports to ONNX GatherElements.
 class _PairSources(NamedTuple):
     index: Tensor  # (K, L) int32
     valid: Tensor  # (K, L) bool
@@ -138,28 +139,51 @@ def align_by_position(prev: WindowScores, grid: WindowGrid, batch: int,
 
 
 def _take(scores: Tensor, index: Tensor) -> Tensor:
-    """``scores[:, :, index]`` for (B, heads, L) scores: ``torch.gather`` over an expanded (view) index copies in one
-    pass, where ``index_select`` on the last dimension and advanced indexing are several times slower on the CPU
-    (docs/performance.md), and exports as ONNX GatherElements."""
+    """``scores[:, :, index]`` for (B, heads, L) scores: ``torch.gather`` over an expanded (view) index, which copies
+    in one pass and exports as ONNX GatherElements."""
     return torch.gather(scores, 2, index.long().expand(scores.shape[0], scores.shape[1], -1))
 
 
-def mix_scores(scores: Tensor, residual: Optional[Tensor], valid: Optional[Tensor],
-               alpha: Union[Tensor, float], num_windows: int) -> Tensor:
+def mix_scores(scores: Tensor, residual: Optional[Tensor], valid: Optional[Tensor], alpha: Union[Tensor, float],
+               num_windows: int = 1, residual_weight: Union[Tensor, float, None] = None) -> Tensor:
     """``alpha * scores + (1 - alpha) * residual`` where the residual is valid, ``scores`` elsewhere.
 
-    ``scores`` (B * num_windows, heads, N, N); ``valid`` (num_windows, N, N) or None for all-valid.
+    ``scores`` (B * num_windows, heads, N, N); ``valid`` (num_windows, N, N) or None for all-valid;
+    ``residual_weight`` replaces ``1 - alpha`` (a power of it for a residual several layers back).
     """
     if residual is None:
         return scores
+    residual_weight = 1 - alpha if residual_weight is None else residual_weight
     # in place into the fresh product: one score-sized allocation fewer, the same sums
-    mixed = (alpha * scores).add_((1 - alpha) * residual)
+    mixed = (alpha * scores).add_(residual_weight * residual)
     if valid is None:
         return mixed
     B = scores.shape[0] // num_windows
     mixed = torch.where(valid[None, :, None], mixed.unflatten(0, (B, num_windows)),
                         scores.unflatten(0, (B, num_windows)))
     return mixed.flatten(0, 1)
+
+
+def residual_attention(q_s: Tensor, k: Tensor, v: Tensor, prev: Optional[Tensor] = None,
+                       alpha: Union[Tensor, float] = 1.0, residual_weight: Union[Tensor, float, None] = None,
+                       rel_h: Optional[Tensor] = None, rel_w: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+    """Residual attention over every query/key pair (ReViT, ReMViTv2): ``softmax(S) @ v`` and the scores ``S``
+    carried to the next layer, ``S = alpha * q_s k^T + (1 - alpha) * prev + rel``.
+
+    q_s: (B, heads, Nq, d), already scaled; k, v: (B, heads, Nk, d); prev: the previous layer's scores on this
+    layer's grids, (B, heads or 1, Nq, Nk), or None in the first layer (then ``S = q_s k^T + rel``);
+    ``residual_weight`` replaces ``1 - alpha``; rel_h (B, heads, Nq, kh) and rel_w (B, heads, Nq, kw), with
+    ``Nk = kh * kw``: MViTv2's decomposed relative positions, added after the mix and so carried on (the official
+    code adds them in place into the tensor it stores, which released weights were trained with). Query rows are
+    independent: a slice of the rows of every input gives that slice of the outputs, which the chunked memory
+    strategies (:mod:`.score_memory`) build on.
+    """
+    scores = mix_scores(q_s @ k.transpose(-2, -1), prev, None, alpha, residual_weight=residual_weight)
+    if rel_h is not None:
+        B, heads, rows, Nk = scores.shape
+        grid = scores.reshape(B, heads, rows, rel_h.shape[-1], rel_w.shape[-1]) + rel_h[..., :, None]
+        scores = grid.add_(rel_w[..., None, :]).reshape(B, heads, rows, Nk)
+    return scores.softmax(dim=-1) @ v, scores
 
 
 ALIGNERS = {'official': align_by_slot, 'aligned': align_by_position}
@@ -192,14 +216,14 @@ class TokenGrid(NamedTuple):
 class PooledScores(NamedTuple):
     """Mixed scores of one pooling-attention layer with the grids they were computed on.
 
-    ``scores``: (B, heads, q_grid.num_tokens, kv_grid.num_tokens). ``made_on``: the query grid of the layer that
-    made them when it handed them on already reduced for the next layer (``ScoreHandoff``; ``q_grid`` is then the
-    next layer's query grid), else None: the next layer's input is that grid.
+    ``scores``: (B, heads, q_grid.num_tokens, kv_grid.num_tokens). ``source_q_grid``: the query grid of the layer
+    that made them when it handed them on already reduced for the next layer (``score_memory='handoff'``;
+    ``q_grid`` is then the next layer's query grid), else None: the next layer's input is that grid.
     """
     scores: Tensor
     q_grid: TokenGrid
     kv_grid: TokenGrid
-    made_on: Optional[TokenGrid] = None
+    source_q_grid: Optional[TokenGrid] = None
 
 
 class ScoreFactors(NamedTuple):
@@ -345,3 +369,9 @@ def align_pooled_official(prev: PooledScores, q_grid: TokenGrid, kv_grid: TokenG
 
 
 POOLED_ALIGNERS = {'official': align_pooled_official, 'aligned': align_pooled_by_position}
+
+
+def make_alpha(alpha_init: float, learnable: bool = True) -> Union[nn.Parameter, float]:
+    """The residual gate: one for the whole network, used raw (no sigmoid or clamp), as in the official code; a
+    constant when not learnable."""
+    return nn.Parameter(torch.tensor([float(alpha_init)])) if learnable else float(alpha_init)

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .attention import attention
-from .layout import tokens_to_map
+from .patch import tokens_to_map
 
 ODD_SIZES = ('pad', 'floor')
 

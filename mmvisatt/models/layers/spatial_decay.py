@@ -57,7 +57,7 @@ def _pairwise(pos: Tensor, metric: str) -> Tensor:
     raise ValueError(f"metric must be 'manhattan' or 'euclidean', got '{metric}'")
 
 
-# Few entries: at 1333x800 a stride-16 grid's table alone is 70 MB, and multi-scale training varies the shape.
+# few entries: a full grid's table is quadratic in the map size, and multi-scale training varies the shape
 @shape_cache(maxsize=4)
 def grid_distance(height: int, width: int, metric: str, device: torch.device, dtype: torch.dtype) -> Tensor:
     """(H*W, H*W) distances between the raster-ordered tokens of an (H, W) grid."""
@@ -150,78 +150,6 @@ def group_tokens(x: Tensor, groups: TokenGroups) -> Tensor:
 def ungroup_tokens(x: Tensor, groups: TokenGroups) -> Tensor:
     """Inverse of :func:`group_tokens`: (B, G, g, C) -> (B, N, C), dropping the padding."""
     return x.flatten(1, 2)[:, groups.inverse[:groups.num_tokens]]
-
-
-class GroupRun(NamedTuple):
-    """Consecutive groups whose tokens sit at fixed strides of the raster sequence, so they are a strided view:
-    group ``first_group + i``, slot ``j`` is token ``start + i * group_stride + j * slot_stride``; each group has
-    ``length`` real tokens (its first slots)."""
-    start: int
-    first_group: int
-    num_groups: int
-    length: int
-    group_stride: int
-    slot_stride: int
-
-
-def group_runs(groups: TokenGroups) -> Tuple[GroupRun, ...]:
-    """The groups of :func:`token_groups` as strided runs over the unpadded sequence: full groups, then the groups
-    whose last slots are padding, without the padding (which the bias hides from every real query anyway)."""
-    n, g, num_groups = groups.num_tokens, groups.group_size, groups.num_groups
-    if groups.mode == 'grouped':
-        # only the last group can be short
-        last = n - (num_groups - 1) * g
-        runs = [GroupRun(0, 0, num_groups - 1, g, g, 1), GroupRun((num_groups - 1) * g, num_groups - 1, 1, last, g, 1)]
-    else:
-        # slot j of group i is token i + j * G, so the first n % G groups hold one real token more than the rest
-        slots, longer = divmod(n, num_groups)
-        runs = [GroupRun(0, 0, longer, slots + 1, 1, num_groups),
-                GroupRun(longer, longer, num_groups - longer, slots, 1, num_groups)]
-    return tuple(run for run in runs if run.num_groups > 0 and run.length > 0)
-
-
-def _run_view(t: Tensor, run: GroupRun, groups: TokenGroups) -> Tensor:
-    """The tokens of ``run`` as a (B, run.num_groups, run.length, C) view of ``t``: for EuSAg a reshape of the
-    run's stretch of the (unpadded) sequence, for EuSAd a slice of the padded sequence viewed as (g, G) and
-    transposed."""
-    B, _, C = t.shape
-    if groups.mode == 'grouped':
-        stretch = t[:, run.start:run.start + run.num_groups * run.length]
-        return stretch.view(B, run.num_groups, run.length, C)
-    grid = t.view(B, groups.group_size, groups.num_groups, C).transpose(1, 2)
-    return grid[:, run.first_group:run.first_group + run.num_groups, :run.length]
-
-
-def grouped_attention_fused(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, groups: TokenGroups,
-                            num_heads: int) -> Tensor:
-    """Decayed attention (``k`` pre-scaled) within the groups of ``groups``, fused, reading the groups as views.
-
-    q, k, v: (B, N, C) raster-ordered (``k`` scaled), C = heads * d; bias: (heads, G, g, g). Returns (B, N, C).
-    Gathering and permuting the tokens into (B * heads * G, g, d), as the reference path does, costs more than
-    the fused kernel itself on groups this short (docs/performance.md); so each run of :func:`group_runs` is read
-    as a view (:func:`_run_view`), handed to the kernel in one call for all images, and its output written once.
-    Only EuSAd pads the sequence (a copy), because its last slots straddle the end. The padded keys of the
-    reference path carry a bias of :data:`BIAS_FLOOR` (softmax weight exactly 0), so leaving them out changes no
-    real query's result. Reshapes and slices (no ``as_strided``) keep it exportable to ONNX.
-    """
-    B, N, C = q.shape
-    d = C // num_heads
-    pad = groups.padding if groups.mode == 'dilated' else 0
-    q, k, v = (F.pad(t, (0, 0, 0, pad)) if pad else t.contiguous() for t in (q, k, v))
-    out = q.new_empty(q.shape)
-    bias = bias.to(q.dtype)
-    for run in group_runs(groups):
-        # (groups, heads, length, length): the mask's batch axis is the group axis of the views
-        mask = bias[:, run.first_group:run.first_group + run.num_groups, :run.length, :run.length].transpose(0, 1)
-        # One call per run for the whole batch: images x groups are the kernel's batch axis. The fused kernels
-        # take four dimensions only (a fifth falls back to the materialising math path), so the views are
-        # reshaped (a copy where they do not merge) and the mask repeated over the images.
-        G, L = run.num_groups, run.length
-        qs, ks, vs = (_run_view(t, run, groups).reshape(B * G, L, num_heads, d).transpose(1, 2) for t in (q, k, v))
-        mask = mask.expand(B, *mask.shape).reshape(B * G, num_heads, L, L)
-        result = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, scale=1.0)
-        _run_view(out, run, groups).copy_(result.transpose(1, 2).reshape(B, G, L, C))
-    return out[:, :N]
 
 
 class SpatialDecay(nn.Module):

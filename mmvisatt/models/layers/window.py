@@ -10,6 +10,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
+from .attention import attention
 from .shape_cache import shape_cache
 
 # Swin's mask value. Kept instead of -inf so that scores of masked pairs stay finite and bit-compatible with
@@ -150,17 +151,35 @@ def resize_relative_position_table(table: Tensor, size: int) -> Tensor:
     return grid.reshape(-1, size * size).t().to(table.dtype)
 
 
-class WindowAttentionBase(nn.Module):
-    """What Swin-style window attentions share: the learned relative-position bias of a ``window_size`` window
+class WindowAttention(nn.Module):
+    """Swin's window multi-head self-attention with a learned relative-position bias of a ``window_size`` window
     (``relative_position_bias_table``, the checkpoints' key, indexed by a non-persistent buffer), resized on load
-    when a checkpoint was trained with another window size (e.g. 12 at 384 px)."""
+    when a checkpoint was trained with another window size (e.g. 12 at 384 px). ``fused`` picks the attention
+    primitive's path (:func:`~.attention.attention`)."""
 
-    def __init__(self, num_heads: int, window_size: int):
+    def __init__(self, dim: int, num_heads: int, window_size: int, qkv_bias: bool = True, attn_drop: float = 0.,
+                 proj_drop: float = 0., fused: bool = True):
         super().__init__()
         self.num_heads = num_heads
         self.window_size = window_size
+        self.fused = fused
+        self.attn_drop = nn.Dropout(attn_drop)
+        self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
+        self.proj = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(proj_drop)
         self.relative_position_bias_table = nn.Parameter(torch.zeros((2 * window_size - 1) ** 2, num_heads))
         self.register_buffer('relative_position_index', relative_position_index(window_size), persistent=False)
+
+    def forward(self, x: Tensor, num_windows: int, mask: Optional[Tensor] = None) -> Tensor:
+        """x: (B * num_windows, N, C); mask: additive (num_windows, N, N) -> (B * num_windows, N, C)."""
+        BW, N, C = x.shape
+        h = self.num_heads
+        q, k, v = self.qkv(x).reshape(-1, num_windows, N, 3, h, C // h).permute(3, 0, 1, 4, 2, 5)
+        bias = self.relative_position_bias()
+        if mask is not None:
+            bias = bias + mask[:, None]
+        out = attention(q, k, v, bias, dropout=self.attn_drop.p if self.training else 0., fused=self.fused)
+        return self.proj_drop(self.proj(out.transpose(2, 3).reshape(BW, N, C)))
 
     def relative_position_bias(self) -> Tensor:
         """(heads, N, N) bias of the window's token pairs, N = window_size ** 2."""

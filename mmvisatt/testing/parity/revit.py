@@ -6,7 +6,7 @@ from typing import List, Sequence, Tuple
 import torch.nn as nn
 from mmengine.registry import MODELS
 
-from mmvisatt.models.backbones.revit import ReMViTv2, ReSwinTransformer, ReViT
+from mmvisatt.models.backbones import ReMViTv2, ReSwinTransformer, ReViT
 
 from . import StageTap, load_converted, register_parity_builder
 
@@ -86,7 +86,7 @@ def _revit_from_official(meta: dict, state_dict: dict, fused_attn: bool = False)
     dims, heads, strides = _official_blocks(r)
     pooled = any(strides) or r.get('use_rel_pos') or len(set(dims)) > 1
     common = dict(in_channels=3, img_size=cfg['DATA']['crop_size'], mlp_ratio=r['mlp_ratio'],
-                  qkv_bias=r['qkv_bias'], learnable_alpha=bool(r.get('alpha')), fused_attn=fused_attn)
+                  qkv_bias=r['qkv_bias'], learnable_alpha=bool(r.get('alpha')))
     kernel = _square(r['patch_kernel'], 'patch kernels')
     stride = _square(r['patch_stride'], 'patch strides')
     padding = _square(r['patch_padding'], 'patch padding')

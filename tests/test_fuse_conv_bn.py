@@ -1,7 +1,5 @@
-"""In-place adds of the lean score path, and the deployment step that folds the conv stems' BatchNorms.
-
-The model code has one form of every residual (the literal sum); ``add_into`` is what the ReViT family's lean score
-path adds with, and ``mmcv.cnn.fuse_conv_bn`` is the explicit, one-off way to fold RMT/EVT's conv-BN pairs for
+"""The deployment step that folds the conv stems' BatchNorms: the model code has one form of every residual (the
+literal sum), and ``mmcv.cnn.fuse_conv_bn`` is the explicit, one-off way to fold RMT/EVT's conv-BN pairs for
 inference.
 """
 import pytest
@@ -9,32 +7,6 @@ import torch
 from mmcv.cnn import fuse_conv_bn
 
 from mmvisatt.models.backbones import EVT, RMT, ShuntedTransformer
-from mmvisatt.models.layers.inplace import add_into
-
-
-def test_add_into_reuses_the_fresh_map_only_when_the_sum_is_the_same_tensor():
-    x = torch.randn(2, 3, 4)
-    fresh = torch.randn(2, 3, 4)
-    expected = x + fresh
-    pointer = fresh.data_ptr()
-    out = add_into(fresh, x)
-    assert out.data_ptr() == pointer
-    assert torch.equal(out, expected)  # addition commutes: bit-identical
-
-    # autocast: a half-precision output must not swallow a float32 residual
-    half = torch.randn(2, 3, 4).bfloat16()
-    out = add_into(half, x)
-    assert out.dtype == torch.float32 and out.data_ptr() != half.data_ptr()
-    torch.testing.assert_close(out, x + half.float())
-
-    # broadcasting would change the fresh map's shape
-    row = torch.randn(4)
-    out = add_into(row, x)
-    assert out.shape == x.shape and torch.equal(out, x + row)
-    # a smaller operand that broadcasts into the fresh map (relative-position terms into the scores) goes in place
-    fresh = torch.randn(2, 3, 4)
-    expected = fresh + row
-    assert add_into(fresh, row).data_ptr() == fresh.data_ptr() and torch.equal(fresh, expected)
 
 
 @pytest.mark.parametrize('cls,arch', [

@@ -1,0 +1,271 @@
+"""ReSwin: Swin Transformer with attention residual connections (Diko et al., arXiv 2402.11301, ReViT section 3).
+
+Each window attention mixes its pre-softmax scores with the previous layer's,
+``S_l = alpha * (q k^T / sqrt(d) + B) + (1 - alpha) * S_{l-1}``, with one gate ``alpha`` for the whole network.
+Windows shift and stages merge patches, so the previous scores are first brought onto this layer's window pairs
+(:mod:`mmvisatt.models.layers.residual_attention`). Blocks, stage, backbone, then the checkpoint converter.
+"""
+import re
+from typing import Dict, Optional, Sequence, Tuple, Union
+
+import torch.nn as nn
+from mmengine.registry import MODELS
+from timm.layers import DropPath, Mlp, trunc_normal_
+from torch import Tensor
+
+from mmvisatt.checkpoint import CheckpointMismatchError, register_converter
+from mmvisatt.checkpoint.loading import abbreviate
+from ..layers.checkpoint import checkpoint
+from ..layers.patch import PatchEmbed, PatchMerging
+from ..layers.residual_attention import ALIGNERS, WindowScores, make_alpha, mix_scores
+from ..layers.window import WindowAttention, WindowGrid, merge_windows, partition_windows, window_attention_mask
+from .base import AttentionBackbone, LayerOrder, drop_path_rates, init_transformer_weights, stage_layer_order
+
+
+class WindowResidualAttention(WindowAttention):
+    """Window multi-head self-attention whose scores are mixed with the previous layer's.
+
+    There is no fused (scaled_dot_product_attention) path: the mixed scores are carried to the next layer, so
+    they are materialised whatever kernel attends with them.
+    """
+
+    def __init__(self, dim: int, num_heads: int, window_size: int, qkv_bias: bool = True,
+                 attn_drop: float = 0., proj_drop: float = 0.):
+        super().__init__(dim, num_heads, window_size, qkv_bias, attn_drop, proj_drop, fused=False)
+        self.scale = (dim // num_heads) ** -0.5
+
+    def forward(self, x: Tensor, num_windows: int, mask: Optional[Tensor] = None,
+                residual: Optional[Tensor] = None, residual_valid: Optional[Tensor] = None,
+                alpha: Union[Tensor, float] = 0.5) -> Tuple[Tensor, Tensor]:
+        """x: (B * num_windows, N, C); mask: (num_windows, N, N); residual: (B * num_windows, heads or 1, N, N).
+
+        Returns the output (B * num_windows, N, C) and the mixed pre-mask scores to carry on.
+        """
+        BW, N, C = x.shape
+        q, k, v = self.qkv(x).reshape(BW, N, 3, self.num_heads, C // self.num_heads).permute(2, 0, 3, 1, 4)
+        scores = (q * self.scale) @ k.transpose(-2, -1) + self.relative_position_bias()
+        scores = mix_scores(scores, residual, residual_valid, alpha, num_windows)
+        attn = scores
+        if mask is not None:
+            # the residual never carries the mask: each layer masks by its own partition
+            attn = (scores.unflatten(0, (-1, num_windows)) + mask[None, :, None]).flatten(0, 1)
+        attn = self.attn_drop(attn.softmax(dim=-1))
+        x = (attn @ v).transpose(1, 2).reshape(BW, N, C)
+        return self.proj_drop(self.proj(x)), scores
+
+
+class ReSwinBlock(nn.Module):
+    """Swin block (W-MSA or SW-MSA + MLP) with residual attention scores."""
+
+    def __init__(self, dim: int, num_heads: int, *, window_size: int = 7, shifted: bool = False,
+                 mlp_ratio: float = 4., qkv_bias: bool = True, drop: float = 0., attn_drop: float = 0.,
+                 drop_path: float = 0., residual_mode: str = 'aligned'):
+        super().__init__()
+        self.window_size = window_size
+        self.shift = window_size // 2 if shifted else 0
+        self.align = ALIGNERS[residual_mode]
+        self.norm1 = nn.LayerNorm(dim)
+        self.attn = WindowResidualAttention(dim, num_heads, window_size, qkv_bias=qkv_bias, attn_drop=attn_drop,
+                                            proj_drop=drop)
+        self.drop_path = DropPath(drop_path) if drop_path > 0. else nn.Identity()
+        self.norm2 = nn.LayerNorm(dim)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer=nn.GELU, drop=drop)
+
+    def forward(self, x: Tensor, residual: Optional[WindowScores],
+                alpha: Union[Tensor, float]) -> Tuple[Tensor, WindowScores]:
+        """x: (B, H, W, C) -> (B, H, W, C), plus this layer's mixed scores."""
+        B, H, W, C = x.shape
+        grid = WindowGrid.build(H, W, self.window_size, self.shift)
+        windows = partition_windows(self.norm1(x), grid)
+        prev, valid = (None, None) if residual is None else self.align(residual, grid, B, self.attn.num_heads)
+        mask = window_attention_mask(grid, x.device)
+        if mask is not None:
+            mask = mask.to(x.dtype)
+        out, scores = self.attn(windows, grid.num_windows, mask, prev, valid, alpha)
+        x = x + self.drop_path(merge_windows(out, grid))
+        x = x + self.drop_path(self.mlp(self.norm2(x)))
+        return x, WindowScores(scores, grid)
+
+
+class ReSwinStage(nn.Module):
+    """Optional patch merging followed by ``depth`` blocks alternating W-MSA and SW-MSA."""
+
+    def __init__(self, in_dim: int, dim: int, depth: int, num_heads: int, *, downsample: bool,
+                 drop_path: Sequence[float], with_cp: bool = False, **block_kwargs):
+        super().__init__()
+        self.with_cp = with_cp
+        self.downsample = PatchMerging(in_dim, dim) if downsample else nn.Identity()
+        self.blocks = nn.ModuleList([
+            ReSwinBlock(dim, num_heads, shifted=i % 2 == 1, drop_path=drop_path[i], **block_kwargs)
+            for i in range(depth)
+        ])
+
+    def forward(self, x: Tensor, residual: Optional[WindowScores],
+                alpha: Union[Tensor, float]) -> Tuple[Tensor, Optional[WindowScores]]:
+        x = self.downsample(x)
+        for block in self.blocks:
+            x, residual = checkpoint(block, x, residual, alpha, enabled=self.with_cp)
+        return x, residual
+
+
+def _init_bias_table(m: nn.Module) -> None:
+    if isinstance(m, WindowResidualAttention):
+        trunc_normal_(m.relative_position_bias_table, std=.02)
+
+
+@MODELS.register_module()
+class ReSwinTransformer(AttentionBackbone):
+    """ReSwin: Swin Transformer with residual attention scores, as a multi-scale backbone.
+
+    Args:
+        arch: 't', 's', 'b' (Swin-T/S/B shapes, also 'reswin_t' etc.) or a dict with ``embed_dims``,
+            ``depths`` and ``num_heads``.
+        residual_mode: ``'aligned'`` carries scores by image position with a learnable ``alpha``; ``'official'``
+            reproduces ADiko1997/ReViT ``model/reswin.py`` (constant 0.5 mix, slot-wise nearest resize, no
+            ``alpha`` parameter) so the released checkpoint keeps its meaning. None (default) takes the preset's:
+            ``'official'`` for ``'t'``, whose released weights were trained that way, ``'aligned'`` for ``'s'``,
+            ``'b'`` and arch dicts (which may name their own ``residual_mode``).
+        alpha_init: initial value of the learnable gate (``'aligned'`` mode only).
+        out_indices: stages whose (normalised) outputs are returned, strides 4/8/16/32.
+        frozen_stages: stages (and the patch embedding, and alpha once any stage is frozen) kept in eval mode
+            without gradients; -1 freezes nothing, 0 only the patch embedding.
+        norm_eval: keep normalisation layers in eval mode while training (only matters for BatchNorm).
+        with_cp: activation checkpointing per block.
+    """
+    arch_zoo: Dict[str, dict] = {
+        't': dict(embed_dims=96, depths=(2, 2, 6, 2), num_heads=(3, 6, 12, 24), residual_mode='official'),
+        's': dict(embed_dims=96, depths=(2, 2, 18, 2), num_heads=(3, 6, 12, 24)),
+        'b': dict(embed_dims=128, depths=(2, 2, 18, 2), num_heads=(4, 8, 16, 32)),
+    }
+    _arch_keys = ('embed_dims', 'depths', 'num_heads')
+    _arch_prefix = 'reswin'
+    # Keys that foreign (official, timm, classification) checkpoints cannot have.
+    new_keys = ('alpha', 'norm0.*', 'norm1.*', 'norm2.*')
+    static_export_shapes = ('the window padding, shift mask and residual-score index maps are built from the map '
+                            'size in Python, so torch.export fixes the size')
+
+    def __init__(self, arch: Union[str, dict] = 't', *, in_channels: int = 3, patch_size: int = 4,
+                 window_size: int = 7, mlp_ratio: float = 4., qkv_bias: bool = True, drop_rate: float = 0.,
+                 attn_drop_rate: float = 0., drop_path_rate: float = 0.1, residual_mode: Optional[str] = None,
+                 alpha_init: float = 0.5, out_indices: Sequence[int] = (0, 1, 2, 3), frozen_stages: int = -1,
+                 norm_eval: bool = False, with_cp: bool = False, init_cfg: Optional[dict] = None):
+        super().__init__(init_cfg=init_cfg)
+        arch = self._resolve_arch(arch)
+        if residual_mode is None:
+            residual_mode = arch.get('residual_mode', 'aligned')
+        if residual_mode not in ALIGNERS:
+            raise ValueError(f"residual_mode must be one of {sorted(ALIGNERS)}, got '{residual_mode}'")
+        depths, heads = arch['depths'], arch['num_heads']
+        num_stages = len(depths)
+        out_indices = self._check_out_indices(out_indices, num_stages)
+        self.in_channels = in_channels
+        self.patch_size = patch_size
+        self.residual_mode = residual_mode
+        self.out_indices = out_indices
+        self.frozen_stages = frozen_stages
+        self.norm_eval = norm_eval
+        self.num_features = [arch['embed_dims'] * 2 ** i for i in range(num_stages)]
+
+        self.patch_embed = PatchEmbed(in_channels, arch['embed_dims'], patch_size)
+        self.pos_drop = nn.Dropout(drop_rate)
+        # the official code mixes with a constant: there is no parameter to learn or load
+        self.alpha = make_alpha(0.5 if residual_mode == 'official' else alpha_init, residual_mode != 'official')
+        rates = drop_path_rates(drop_path_rate, sum(depths))
+        self.stages = nn.ModuleList()
+        for i in range(num_stages):
+            start = sum(depths[:i])
+            self.stages.append(
+                ReSwinStage(self.num_features[max(i - 1, 0)], self.num_features[i], depths[i], heads[i],
+                            downsample=i > 0, drop_path=rates[start:start + depths[i]], with_cp=with_cp,
+                            window_size=window_size, mlp_ratio=mlp_ratio, qkv_bias=qkv_bias, drop=drop_rate,
+                            attn_drop=attn_drop_rate, residual_mode=residual_mode))
+        for i in out_indices:
+            self.add_module(f'norm{i}', nn.LayerNorm(self.num_features[i]))
+        self._freeze_stages()
+
+    @classmethod
+    def _resolve_arch(cls, arch: Union[str, dict]) -> dict:
+        arch = super()._resolve_arch(arch)
+        if len(arch['depths']) != len(arch['num_heads']):
+            raise ValueError('arch depths and num_heads must have one entry per stage')
+        return arch
+
+    def _default_init(self):
+        init_transformer_weights(self, _init_bias_table)
+
+    def forward(self, x: Tensor) -> Tuple[Tensor, ...]:
+        """(B, C, H, W) -> tuple of (B, C_i, ceil(H / 2**(i+2)), ceil(W / 2**(i+2))) for ``out_indices``."""
+        self._check_input(x)
+        return self._carry_through_stages(self.pos_drop(self.patch_embed(x)))
+
+    def _layer_order(self) -> LayerOrder:
+        # patch merging opens a stage but belongs to the layer of the block before it (mmpretrain's Swin rule)
+        yield 'patch_embed', False
+        yield from stage_layer_order(self.stages, before=('downsample', ))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Checkpoints: official Swin / ReSwin release files, timm Swin, mmdet Swin and mmvisatt (mm-style) files.
+# ---------------------------------------------------------------------------------------------------------
+_DROPPED = ('relative_position_index', 'attn_mask')
+# MViTv2 layouts (timm, ReMViTv2) also have 'stages.0.blocks.0.attn.qkv.weight'; the bias table is Swin's own.
+_RESWIN_MM_KEY = 'stages.0.blocks.0.attn.relative_position_bias_table'
+
+
+def _from_mmdet_unfold_order(t: Tensor) -> Tensor:
+    """mmdet's Swin merges patches with nn.Unfold: channel-major, neighbours in order [0, 2, 1, 3] of Swin's."""
+    channels = t.shape[-1] // 4
+    t = t.reshape(*t.shape[:-1], channels, 4).transpose(-1, -2)
+    return t[..., [0, 2, 1, 3], :].reshape(*t.shape[:-2], 4 * channels)
+
+
+@register_converter('reswin', is_mm=lambda keys: _RESWIN_MM_KEY in keys)
+def convert_reswin_checkpoint(state_dict: Dict[str, Tensor], prefixed: bool) -> Optional[Tuple[Dict[str, Tensor], str]]:
+    """Official Swin/ReSwin, timm Swin or mmdet Swin (inside ``backbone.``) keys -> mm-style ReSwinTransformer
+    keys."""
+    keys = set(state_dict)
+    if prefixed:
+        return (_from_mmdet(state_dict), 'mmdet-swin') if 'stages.0.blocks.0.attn.w_msa.qkv.weight' in keys else None
+    if 'layers.0.blocks.0.attn.qkv.weight' not in keys:
+        return None
+    v2 = sorted(k for k in keys if k.endswith(('attn.logit_scale', 'attn.cpb_mlp.0.weight')))
+    if v2:
+        raise CheckpointMismatchError(
+            f'a Swin Transformer V2 checkpoint ({abbreviate(v2, 2)}: cosine attention with a learned logit scale and '
+            f'a continuous position-bias MLP), not Swin (V1), which ReSwin extends: its weights would mean something '
+            f'else here. Use a Swin V1 file, e.g. timm swin_tiny_patch4_window7_224 or the official '
+            f'swin_tiny_patch4_window7_224.pth')
+    # official and ReSwin put patch merging at the end of a stage, timm at the start of the next one
+    official = 'layers.0.downsample.reduction.weight' in keys
+    num_stages = 1 + max(int(k.split('.')[1]) for k in keys if k.startswith('layers.'))
+    out = {}
+    for key, value in state_dict.items():
+        if key.endswith(_DROPPED):
+            continue
+        if key.startswith('head.'):
+            out['head.fc.' + key.split('.')[-1]] = value
+            continue
+        m = re.match(r'layers\.(\d+)\.downsample\.(.*)', key)
+        if m:
+            stage = int(m.group(1)) + (1 if official else 0)
+            key = f'stages.{stage}.downsample.{m.group(2)}'
+        else:
+            key = re.sub(r'^layers\.', 'stages.', key)
+            key = re.sub(r'^norm\.', f'norm{num_stages - 1}.', key)
+        out['backbone.' + key] = value
+    return out, 'official-swin' if official else 'timm-swin'
+
+
+def _from_mmdet(inner: Dict[str, Tensor]) -> Dict[str, Tensor]:
+    out = {}
+    for key, value in inner.items():
+        if key.endswith(_DROPPED):
+            continue
+        key = key.replace('patch_embed.projection.', 'patch_embed.proj.').replace('attn.w_msa.', 'attn.')
+        key = key.replace('ffn.layers.0.0.', 'mlp.fc1.').replace('ffn.layers.1.', 'mlp.fc2.')
+        m = re.match(r'stages\.(\d+)\.downsample\.(.*)', key)
+        if m:
+            key = f'stages.{int(m.group(1)) + 1}.downsample.{m.group(2)}'
+            value = _from_mmdet_unfold_order(value)
+        out['backbone.' + key] = value
+    return out
