@@ -166,7 +166,7 @@ def export_onnx(model: nn.Module, path: str, height: int, width: int, dynamic: b
     start = time.perf_counter()
     set_score_memory(model, 'full')
     image = torch.randn(1, 3, height, width)
-    reason = getattr(getattr(model, 'backbone', model), 'static_export_shapes', None) if dynamic else None
+    reason = getattr(getattr(model, 'backbone', model), 'static_export_reason', None) if dynamic else None
     errors = []
     if dynamic and not reason:
         try:

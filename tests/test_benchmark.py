@@ -108,6 +108,18 @@ def test_with_cp_toggles_the_backbone():
         workload.train_step()
 
 
+def test_score_chunk_size_is_a_process_setting():
+    from mmvisatt.models.layers.score_memory import score_chunk_numel, set_score_chunk_numel
+    default = score_chunk_numel()
+    try:
+        BenchmarkSettings(score_chunk_numel=1 << 20).apply()
+        assert score_chunk_numel() == 1 << 20
+        BenchmarkSettings().apply()  # None keeps what is set
+        assert score_chunk_numel() == 1 << 20
+    finally:
+        set_score_chunk_numel(default)
+
+
 def test_detection_config_batch_and_options(tiny_det_config):
     spec = ModelSpec(tiny_det_config, cfg_options={'model.train_cfg.rcnn.sampler.num': 16,
                                                    'model.test_cfg.rpn.max_per_img': 20,

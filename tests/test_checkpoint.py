@@ -49,7 +49,7 @@ def test_official_release_file(tmp_path, official, wrap, caplog):
 def test_load_report_names_new_and_ignored_keys(tmp_path, official):
     from mmvisatt.checkpoint import load_pretrained
     model = ReSwinTransformer(arch=TINY)
-    report = load_pretrained(model, {'model': official}, family='reswin', allow_missing=model.new_keys)
+    report = load_pretrained(model, {'model': official}, family='reswin', allow_missing=model.not_in_pretrained)
     assert report.layout == 'official-swin'
     assert sorted(report.missing) == ['alpha', 'norm0.bias', 'norm0.weight', 'norm1.bias', 'norm1.weight',
                                       'norm2.bias', 'norm2.weight']

@@ -52,7 +52,7 @@ def test_static_forms_say_why_and_match_at_the_export_size(name, tmp_path):
     """Asked for dynamic shapes, the window / group forms export static and say why."""
     model = _model(name)
     result = export_onnx(model, str(tmp_path / f'{name}.onnx'), *SIZE, dynamic=True)
-    assert not result.dynamic and result.static_reason == model.backbone.static_export_shapes
+    assert not result.dynamic and result.static_reason == model.backbone.static_export_reason
     assert 'cannot be dynamic' in result.line(name)
     assert [hw for hw, _ in result.errors] == [SIZE] and result.errors[0][1] < TOLERANCE
 

@@ -59,7 +59,7 @@ def test_alpha_one_equals_timm_mvitv2_tiny():
     assert (family, layout) == ('remvit', 'timm-mvitv2')
     model = ReMViTv2(arch='t').double().eval()
     load_into(model, {k[9:]: v for k, v in converted.items() if k.startswith('backbone.')}, source='timm',
-              layout=layout, allow_missing=ReMViTv2.new_keys)
+              layout=layout, allow_missing=ReMViTv2.not_in_pretrained)
     with torch.no_grad():
         model.alpha.fill_(1.0)
     x = torch.randn(1, 3, 224, 224, dtype=torch.float64)
@@ -107,7 +107,7 @@ def test_aligned_mode_equals_official_where_the_official_code_runs(official):
     images = torch.load(DATA / 'remvit_a/input.pt', weights_only=True).double()
     for mode in ('aligned', 'official'):
         model = ReMViTv2(arch=FIXTURE_ARCH, residual_mode=mode).double().eval()
-        load_pretrained(model, official, family='remvit', allow_missing=ReMViTv2.new_keys)
+        load_pretrained(model, official, family='remvit', allow_missing=ReMViTv2.not_in_pretrained)
         for i, (a, b) in enumerate(zip(_stage_outputs(model, images), ref['stages'])):
             assert _rel(a.permute(0, 3, 1, 2), b) < 1e-6, f'{mode} stage {i}'
 
@@ -199,7 +199,7 @@ def test_relative_position_tables_are_interpolated_like_a_resized_checkpoint(off
     small = ReMViTv2(arch=FIXTURE_ARCH).double().eval()
     large = ReMViTv2(arch=FIXTURE_ARCH, img_size=288).double().eval()
     for model in (small, large):
-        load_pretrained(model, official, family='remvit', allow_missing=ReMViTv2.new_keys)
+        load_pretrained(model, official, family='remvit', allow_missing=ReMViTv2.not_in_pretrained)
     assert large.stages[0].blocks[0].attn.rel_pos_h.shape == (143, 16)
     x = torch.randn(1, 3, 288, 288, dtype=torch.float64)
     with torch.no_grad():
@@ -278,7 +278,7 @@ def test_official_release_files(tmp_path, official, wrap):
 def test_official_mvitv2_file_without_alpha(official):
     model = ReMViTv2(arch=FIXTURE_ARCH)
     sd = {k: v for k, v in official.items() if k != 'alpha'}
-    report = load_pretrained(model, {'model_state': sd}, family='remvit', allow_missing=model.new_keys)
+    report = load_pretrained(model, {'model_state': sd}, family='remvit', allow_missing=model.not_in_pretrained)
     assert report.layout == 'official-mvitv2'
     assert sorted(report.missing) == ['alpha', 'norm0.bias', 'norm0.weight', 'norm1.bias', 'norm1.weight',
                                       'norm2.bias', 'norm2.weight']

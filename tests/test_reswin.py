@@ -18,7 +18,7 @@ def _load_timm_weights(model: ReSwinTransformer, timm_model: nn.Module) -> None:
     converted, _, layout = convert_state_dict(timm_model.state_dict(), 'reswin')
     assert layout == 'timm-swin'
     backbone = {k[len('backbone.'):]: v for k, v in converted.items() if k.startswith('backbone.')}
-    load_into(model, backbone, source='timm', layout=layout, allow_missing=ReSwinTransformer.new_keys)
+    load_into(model, backbone, source='timm', layout=layout, allow_missing=ReSwinTransformer.not_in_pretrained)
 
 
 def _stage_outputs(module: nn.Module, stages, x: torch.Tensor, nhwc: bool = True):

@@ -49,7 +49,7 @@ def test_alpha_one_equals_timm_vit_without_class_token():
     assert (family, layout) == ('revit', 'timm-vit')
     model = ReViT(arch=TINY).double().eval()
     load_into(model, {k[9:]: v for k, v in converted.items() if k.startswith('backbone.')}, source='timm',
-              layout=layout, allow_missing=ReViT.new_keys)
+              layout=layout, allow_missing=ReViT.not_in_pretrained)
     head = nn.Linear(32, 10).double()
     load_into(head, {k[8:]: v for k, v in converted.items() if k.startswith('head.fc.')}, source='timm',
               layout=layout)
@@ -121,7 +121,7 @@ def test_position_embedding_is_interpolated_like_a_resized_checkpoint(official):
     small = ReViT(arch=FIXTURE_ARCH, out_indices=(2, )).double().eval()
     large = ReViT(arch=FIXTURE_ARCH, img_size=448, out_indices=(2, )).double().eval()
     for model in (small, large):
-        load_pretrained(model, official, family='revit', allow_missing=ReViT.new_keys)
+        load_pretrained(model, official, family='revit', allow_missing=ReViT.not_in_pretrained)
     assert large.pos_embed.shape == (1, 28 * 28, 96)
     x = torch.randn(1, 3, 448, 448, dtype=torch.float64)
     with torch.no_grad():
@@ -191,7 +191,7 @@ def test_official_release_file(tmp_path, official, wrap):
 
 def test_load_report_names_new_keys(official):
     model = ReViT(arch=FIXTURE_ARCH)
-    report = load_pretrained(model, {'model': official}, family='revit', allow_missing=model.new_keys)
+    report = load_pretrained(model, {'model': official}, family='revit', allow_missing=model.not_in_pretrained)
     assert report.layout == 'official-revit'
     assert all(k.startswith(('norm0.', 'norm1.', 'norm3.', 'pyramid.')) for k in report.missing)
     assert 'pyramid.up4.0.weight' in report.missing and not report.unexpected

@@ -133,7 +133,7 @@ def build_backbone(model: str, checkpoint: Optional[str] = None, *, family: Opti
         if family is None:
             raise ValueError(f'No checkpoint family is known for {name}; pass --family.')
         report = load_pretrained(backbone, checkpoint, family=family,
-                                 allow_missing=getattr(backbone, 'new_keys', ()))
+                                 allow_missing=getattr(backbone, 'not_in_pretrained', ()))
     # some backbones' train() (mmpretrain's ResNet) return None instead of the module
     backbone.eval()
     return backbone, report

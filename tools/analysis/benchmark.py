@@ -152,7 +152,8 @@ class ModelSpec:
 class BenchmarkSettings:
     """How to measure. ``shape`` is (height, width); ``with_cp`` None keeps the backbone's own setting;
     ``threads`` None keeps torch's default (``OMP_NUM_THREADS``); ``clock`` see the module docstring;
-    ``boxes_per_image``: instances in each image of a detector's synthetic batch."""
+    ``boxes_per_image``: instances in each image of a detector's synthetic batch; ``score_chunk_numel`` None keeps
+    the global row-chunk size of the ReViT family's chunked score strategies (``set_score_chunk_numel``)."""
     shape: Tuple[int, int] = (224, 224)
     batch_size: int = 1
     dtype: str = 'float32'
@@ -165,6 +166,15 @@ class BenchmarkSettings:
     seed: int = 0
     clock: str = 'wall'
     boxes_per_image: int = 8
+    score_chunk_numel: Optional[int] = None
+
+    def apply(self) -> None:
+        """The process-wide settings: torch's threads and the score row-chunk size."""
+        if self.threads:
+            torch.set_num_threads(self.threads)
+        if self.score_chunk_numel:
+            from mmvisatt.models.layers.score_memory import set_score_chunk_numel
+            set_score_chunk_numel(self.score_chunk_numel)
 
     def __post_init__(self):
         self.dtype = DTYPE_ALIASES.get(self.dtype, self.dtype)
@@ -823,8 +833,7 @@ def memory_worker() -> None:
     result after :data:`_RESULT_MARK`."""
     request = json.loads(sys.stdin.read())
     settings = BenchmarkSettings(**request['settings'])
-    if settings.threads:
-        torch.set_num_threads(settings.threads)
+    settings.apply()
     try:
         workload = Workload(ModelSpec(**request['spec']), settings)
         result = _rss_peak(workload, request['mode'])
@@ -991,8 +1000,7 @@ def run_benchmark(specs: Sequence[ModelSpec], settings: BenchmarkSettings,
     ``on_model`` gets the report so far after each model. Returns the JSON-ready report."""
     if not specs:
         raise BenchmarkError('Name a model to benchmark.')
-    if settings.threads:
-        torch.set_num_threads(settings.threads)
+    settings.apply()
     report = dict(tool='mmvisatt benchmark', date=time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime()),
                   machine=machine_info(settings), settings=asdict(settings), measure=list(measure), models=[],
                   allocator=current_allocator())
@@ -1195,6 +1203,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="time passes by elapsed time (wall, default) or by this process's CPU time (cpu: "
                         "leaves out waits for a core on a shared machine; sums the threads)")
     parser.add_argument('--seed', type=int, default=0)
+    parser.add_argument('--score-chunk-numel', type=int, metavar='N',
+                        help='row-chunk size (score elements) of the ReViT family\'s chunked score strategies, '
+                             'for the whole process (default: the global setting, 2**26)')
     parser.add_argument('--allocator', choices=ALLOCATORS, default='default',
                         help='CPU memory allocator for the timed passes: jemalloc (preloaded, freed memory kept), '
                         'glibc-retain (glibc keeps freed memory) or default (the environment as it is); the command '
@@ -1287,7 +1298,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     settings = BenchmarkSettings(shape=tuple(shape), batch_size=args.batch_size, dtype=args.dtype,
                                  device=args.device, with_cp=args.with_cp, warmup=args.warmup,
                                  repeats=args.repeats, memory_steps=args.memory_steps, threads=args.threads,
-                                 seed=args.seed, clock=args.clock)
+                                 seed=args.seed, clock=args.clock, score_chunk_numel=args.score_chunk_numel)
 
     def write(path: str, text: str) -> None:
         os.makedirs(osp.dirname(osp.abspath(path)), exist_ok=True)

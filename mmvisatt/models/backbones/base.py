@@ -53,20 +53,20 @@ class AttentionBackbone(BaseModule):
     with frozen stages / norm_eval.
 
     Subclasses set ``arch_zoo``, ``_arch_keys`` (keys an arch dict must have), ``_arch_prefix`` (the
-    family-qualified preset prefix and checkpoint family, e.g. ``'reswin'``), ``new_keys`` (patterns of parameters
-    an official checkpoint does not have, such as dense-task output norms), ``in_channels``, ``frozen_stages``,
-    ``norm_eval`` and ``min_input_size`` (smallest input side the stem accepts); say what ``frozen_stages`` counts
-    where it is not ``stages`` (``_stem``, ``_frozen_units``, ``_stage_norms``); implement ``_layer_order`` (for
-    layer-wise learning-rate decay) and, where the family initialises more than linear layers and norms,
-    ``_default_init``. ``static_export_shapes`` says why ONNX export must fix the input height and width (None: they
-    can be dynamic).
+    family-qualified preset prefix and checkpoint family, e.g. ``'reswin'``), ``not_in_pretrained`` (patterns of
+    parameters an official checkpoint does not have, such as dense-task output norms), ``in_channels``,
+    ``frozen_stages``, ``norm_eval`` and ``min_input_size`` (smallest input side the stem accepts); say what
+    ``frozen_stages`` counts where it is not ``stages`` (``_stem``, ``_frozen_units``, ``_stage_norms``);
+    implement ``_layer_order`` (for layer-wise learning-rate decay) and, where the family initialises more than
+    linear layers and norms, ``_default_init``. ``static_export_reason`` says why ONNX export must fix the input
+    height and width (None: they can be dynamic).
     """
     arch_zoo: Dict[str, dict] = {}
     _arch_keys: Tuple[str, ...] = ()
     _arch_prefix = ''
     _arch_aliases = {'tiny': 't', 'small': 's', 'base': 'b', 'large': 'l'}
-    new_keys: Tuple[str, ...] = ()
-    static_export_shapes: Optional[str] = None
+    not_in_pretrained: Tuple[str, ...] = ()
+    static_export_reason: Optional[str] = None
     _registered_as: Optional[str] = None  # the registry type that builds it, where that is not the class name
 
     @property
@@ -91,6 +91,15 @@ class AttentionBackbone(BaseModule):
                              f"{'/'.join(names)}) or pass a dict.")
         return dict(cls.arch_zoo[key])
 
+    def _set_interface(self, in_channels: int, out_indices: Sequence[int], num_outputs: int, frozen_stages: int,
+                       norm_eval: bool) -> None:
+        """The attributes of mmdet's / mmseg's backbone interface, set in one place (``out_indices`` checked against
+        the ``num_outputs`` outputs the backbone can give)."""
+        self.in_channels = in_channels
+        self.out_indices = self._check_out_indices(out_indices, num_outputs)
+        self.frozen_stages = frozen_stages
+        self.norm_eval = norm_eval
+
     @staticmethod
     def _check_out_indices(out_indices: Sequence[int], num_outputs: int) -> Tuple[int, ...]:
         if any(not -num_outputs <= i < num_outputs for i in out_indices):
@@ -112,7 +121,7 @@ class AttentionBackbone(BaseModule):
         Returns False when there is no ``init_cfg`` and the backbone should initialise itself.
         """
         if isinstance(self.init_cfg, dict) and self.init_cfg.get('type') == 'Pretrained':
-            load_pretrained(self, self.init_cfg['checkpoint'], family=family, allow_missing=self.new_keys)
+            load_pretrained(self, self.init_cfg['checkpoint'], family=family, allow_missing=self.not_in_pretrained)
             self._is_init = True
             return True
         if self.init_cfg is not None:
@@ -222,13 +231,10 @@ class DecayBackbone(AttentionBackbone):
 
     def _setup(self, in_channels: int, dims: Sequence[int], out_indices: Optional[Sequence[int]],
                frozen_stages: int, norm_eval: bool, out_norms: bool) -> None:
-        self.in_channels = in_channels
         self.out_norms = out_norms
         # None = every stage: (0, 1, 2, 3) for the presets, fewer for a shallower arch dict
         out_indices = range(len(dims)) if out_indices is None else out_indices
-        self.out_indices = self._check_out_indices(out_indices, len(dims))
-        self.frozen_stages = frozen_stages
-        self.norm_eval = norm_eval
+        self._set_interface(in_channels, out_indices, len(dims), frozen_stages, norm_eval)
         self.num_features = list(dims)
 
     @classmethod
@@ -287,7 +293,7 @@ class DecayBackbone(AttentionBackbone):
             if isinstance(checkpoint, str):
                 checkpoint = read_checkpoint(checkpoint)
             weights = select_release_weights(checkpoint, cfg.get('checkpoint_key', self._release_keys))
-            load_pretrained(self, weights, family=family, allow_missing=self.new_keys,
+            load_pretrained(self, weights, family=family, allow_missing=self.not_in_pretrained,
                             source=source if isinstance(source, str) else None)
             self._is_init = True
             return True

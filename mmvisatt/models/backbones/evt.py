@@ -176,11 +176,11 @@ class EVT(DecayBackbone):
     }
     _arch_keys = ('embed_dims', 'depths', 'num_heads')
     _arch_prefix = 'evt'
-    new_keys = ('norm0.*', 'norm1.*', 'norm2.*', 'norm3.*')
-    static_export_shapes = ('the token groups (their number, padding and runs) are Python integers of the map '
+    not_in_pretrained = ('norm0.*', 'norm1.*', 'norm2.*', 'norm3.*')
+    static_export_reason = ('the token groups (their number, padding and runs) are Python integers of the map '
                             'size, which torch.export cannot trace symbolically')
 
-    def __init__(self, arch: Union[str, dict] = 't', in_channels: int = 3, group_size: int = 49,
+    def __init__(self, arch: Union[str, dict] = 't', *, in_channels: int = 3, group_size: int = 49,
                  drop_path_rate: Optional[float] = None, layer_init_values: float = 1e-6,
                  fused_attn: Optional[bool] = None, out_norms: bool = True, out_indices: Optional[Sequence[int]] = None,
                  frozen_stages: int = -1, norm_eval: bool = False, with_cp: bool = False,

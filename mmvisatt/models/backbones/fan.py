@@ -196,15 +196,16 @@ class HybridEmbed(nn.Module):
 class FANBlock(nn.Module):
     """x += gamma1 * TokenAttention(LN(x)); x += gamma2 * EfficientChannelAttention(LN(x))."""
 
-    def __init__(self, dim: int, num_heads: int, mlp_ratio: float = 4., qkv_bias: bool = True, drop: float = 0.,
+    def __init__(self, dim: int, num_heads: int, *, mlp_ratio: float = 4., qkv_bias: bool = True, drop: float = 0.,
                  attn_drop: float = 0., drop_path: float = 0., eta: float = 1., fused: bool = True,
                  norm_layer: Callable[[int], nn.Module] = nn.BatchNorm2d):
         super().__init__()
         self.norm1 = nn.LayerNorm(dim, eps=1e-6)
         self.attn = TokenAttention(dim, num_heads, qkv_bias, attn_drop, drop, fused)
         self.norm2 = nn.LayerNorm(dim, eps=1e-6)
-        self.channel_attn = EfficientChannelAttention(dim, num_heads, int(dim * mlp_ratio), qkv_bias, attn_drop,
-                                                      drop, value_residual=True, norm_layer=norm_layer)
+        self.channel_attn = EfficientChannelAttention(dim, num_heads, int(dim * mlp_ratio), qkv_bias=qkv_bias,
+                                                      attn_drop=attn_drop, drop=drop, value_residual=True,
+                                                      norm_layer=norm_layer)
         self.gamma1 = nn.Parameter(torch.full((dim, ), float(eta)))
         self.gamma2 = nn.Parameter(torch.full((dim, ), float(eta)))
         self.drop_path = DropPath(drop_path) if drop_path > 0. else nn.Identity()
@@ -249,7 +250,7 @@ class ClassAttentionBlock(nn.Module):
     the official detection output were trained with, so it is kept as is.
     """
 
-    def __init__(self, dim: int, num_heads: int, mlp_ratio: float = 4., qkv_bias: bool = True, drop: float = 0.,
+    def __init__(self, dim: int, num_heads: int, *, mlp_ratio: float = 4., qkv_bias: bool = True, drop: float = 0.,
                  attn_drop: float = 0., eta: float = 1., tokens_norm: bool = True, fused: bool = True):
         super().__init__()
         self.tokens_norm = tokens_norm
@@ -273,7 +274,7 @@ class FANSwinBlock(nn.Module):
     window; its value MLP has no identity around the depthwise convs) or, with ``channel_attn=False``, a plain
     MLP."""
 
-    def __init__(self, dim: int, num_heads: int, window_size: int = 7, shifted: bool = False,
+    def __init__(self, dim: int, num_heads: int, *, window_size: int = 7, shifted: bool = False,
                  mlp_ratio: float = 4., qkv_bias: bool = True, drop: float = 0., attn_drop: float = 0.,
                  drop_path: float = 0., channel_attn: bool = True, fused: bool = True,
                  norm_layer: Callable[[int], nn.Module] = nn.BatchNorm2d):
@@ -281,12 +282,14 @@ class FANSwinBlock(nn.Module):
         self.window_size = window_size
         self.shift = window_size // 2 if shifted else 0
         self.norm1 = nn.LayerNorm(dim)
-        self.attn = WindowAttention(dim, num_heads, window_size, qkv_bias, attn_drop, drop, fused)
+        self.attn = WindowAttention(dim, num_heads, window_size, qkv_bias=qkv_bias, attn_drop=attn_drop,
+                                    proj_drop=drop, fused=fused)
         self.norm2 = nn.LayerNorm(dim)
         hidden = int(dim * mlp_ratio)
         if channel_attn:
-            self.channel_attn = EfficientChannelAttention(dim, num_heads, hidden, qkv_bias, attn_drop, drop,
-                                                          value_residual=False, norm_layer=norm_layer)
+            self.channel_attn = EfficientChannelAttention(dim, num_heads, hidden, qkv_bias=qkv_bias,
+                                                          attn_drop=attn_drop, drop=drop, value_residual=False,
+                                                          norm_layer=norm_layer)
         else:
             self.mlp = Mlp(dim, hidden, act_layer=nn.GELU, drop=drop)
         self.drop_path = DropPath(drop_path) if drop_path > 0. else nn.Identity()
@@ -309,7 +312,7 @@ class FANSwinBlock(nn.Module):
 class FANSwinStage(nn.Module):
     """Optional patch merging, then ``depth`` blocks alternating W-MSA and SW-MSA."""
 
-    def __init__(self, in_dim: int, dim: int, depth: int, num_heads: int, downsample: bool,
+    def __init__(self, in_dim: int, dim: int, depth: int, num_heads: int, *, downsample: bool,
                  drop_path: Sequence[float], with_cp: bool = False, **block_kwargs):
         super().__init__()
         self.with_cp = with_cp
@@ -450,7 +453,6 @@ class FANBase(AttentionBackbone):
         if arch['form'] != self.form:
             raise ValueError(f"arch is a {arch['form']} FAN, not a {self.form} one; build it with FAN(arch=...)")
         self.arch = arch
-        self.in_channels = in_channels
         if out_type not in OUT_TYPES[self.form]:
             raise ValueError(f"out_type '{out_type}' is not available for a {self.form} FAN; choose one of "
                              f"{OUT_TYPES[self.form]}")
@@ -459,10 +461,8 @@ class FANBase(AttentionBackbone):
             out_indices, out_norms = (3, ), True
         elif out_type == 'cls_token':
             out_indices, out_norms = (), False
-        self.out_indices = self._check_out_indices(out_indices, 4)
+        self._set_interface(in_channels, out_indices, 4, frozen_stages, norm_eval)
         self.out_norms = out_norms
-        self.frozen_stages = frozen_stages
-        self.norm_eval = norm_eval
         self.with_cp = with_cp
         self.fused_attn = resolve_fused_attn(fused_attn)
         return arch
@@ -544,16 +544,17 @@ class _TokenFAN(FANBase):
         self.pos_embed = FourierPositionEncoding(dim, exponent=pos_exponent)
         self.pos_drop = nn.Dropout(drop_rate)
         self.blocks = nn.ModuleList([
-            FANBlock(dim, heads, mlp_ratio, qkv_bias, drop_rate, attn_drop_rate, drop_path_rate, eta,
-                     self.fused_attn, bn) for _ in range(depth)
+            FANBlock(dim, heads, mlp_ratio=mlp_ratio, qkv_bias=qkv_bias, drop=drop_rate, attn_drop=attn_drop_rate,
+                     drop_path=drop_path_rate, eta=eta, fused=self.fused_attn, norm_layer=bn) for _ in range(depth)
         ])
         self.out_block = arch.get('out_block', depth - 1) % depth
         self.cls_token = self.cls_attn_blocks = self.cls_norm = None
         if classifier or class_attention:
             self.cls_token = nn.Parameter(torch.zeros(1, 1, dim))
             self.cls_attn_blocks = nn.ModuleList([
-                ClassAttentionBlock(dim, heads, mlp_ratio, qkv_bias, drop_rate, attn_drop_rate, eta,
-                                    cls_tokens_norm, self.fused_attn) for _ in range(cls_attn_layers)
+                ClassAttentionBlock(dim, heads, mlp_ratio=mlp_ratio, qkv_bias=qkv_bias, drop=drop_rate,
+                                    attn_drop=attn_drop_rate, eta=eta, tokens_norm=cls_tokens_norm,
+                                    fused=self.fused_attn) for _ in range(cls_attn_layers)
             ])
         if classifier:
             self.cls_norm = nn.LayerNorm(dim, eps=1e-6)
@@ -563,12 +564,12 @@ class _TokenFAN(FANBase):
         the tokens after block ``out_block``."""
         x, size, maps = self.patch_embed(x)
         x = self.pos_drop(x + self.pos_embed(size))
-        picked = x
+        out_block_tokens = x
         for i, block in enumerate(self.blocks):
             x = checkpoint(block, x, size, enabled=self.with_cp)
             if i == self.out_block:
-                picked = x
-        return x, size, maps, picked
+                out_block_tokens = x
+        return x, size, maps, out_block_tokens
 
     def _class_attention(self, x: Tensor) -> Tensor:
         """(B, N, C) patch tokens -> (B, 1 + N, C) after the class-attention blocks, class token first."""
@@ -609,7 +610,7 @@ class FANViT(_TokenFAN):
     classification, the class-attention head; dense levels from a simple feature pyramid on the last block."""
     form = 'vit'
 
-    def __init__(self, arch: Union[str, dict] = 'vit_s', form: Optional[str] = None, in_channels: int = 3,
+    def __init__(self, arch: Union[str, dict] = 'vit_s', form: Optional[str] = None, *, in_channels: int = 3,
                  mlp_ratio: float = 4., qkv_bias: bool = True, drop_rate: float = 0., attn_drop_rate: float = 0.,
                  drop_path_rate: float = 0.1, eta: float = 1., cls_attn_layers: int = 2,
                  cls_tokens_norm: bool = True, classifier: bool = False, out_indices: Sequence[int] = (0, 1, 2, 3),
@@ -629,11 +630,12 @@ class FANViT(_TokenFAN):
         if self.out_indices:
             self.pyramid = SimpleFeaturePyramid(dim, self.out_indices)
         self.num_features = [int(dim * w) for w in PYRAMID_WIDTHS]
-        self.new_keys = tuple(f'norm{i}.*' for i in range(4)) + ('pyramid.*', )
+        self.not_in_pretrained = tuple(f'norm{i}.*' for i in range(4)) + ('pyramid.*', )
         self._add_output_norms(1e-6)
         self._freeze_stages()
 
-    def _dense_levels(self, tokens: Tensor, size: Size, maps: List[Tensor], picked: Tensor) -> Dict[int, Tensor]:
+    def _dense_levels(self, tokens: Tensor, size: Size, maps: List[Tensor],
+                      out_block_tokens: Tensor) -> Dict[int, Tensor]:
         return self.pyramid(tokens_to_map(tokens, size))
 
 
@@ -644,7 +646,7 @@ class FANHybrid(_TokenFAN):
     class-attention head (or, ``feat_downsample=False``, those tokens at stride 16, the segmentation layout)."""
     form = 'hybrid'
 
-    def __init__(self, arch: Union[str, dict] = 'hybrid_s', form: Optional[str] = None, in_channels: int = 3,
+    def __init__(self, arch: Union[str, dict] = 'hybrid_s', form: Optional[str] = None, *, in_channels: int = 3,
                  mlp_ratio: float = 4., qkv_bias: bool = True, drop_rate: float = 0., attn_drop_rate: float = 0.,
                  drop_path_rate: float = 0.1, eta: float = 1., cls_attn_layers: int = 2,
                  cls_tokens_norm: bool = True, classifier: bool = False, out_indices: Sequence[int] = (0, 1, 2, 3),
@@ -668,7 +670,7 @@ class FANHybrid(_TokenFAN):
         if 3 in self.out_indices and feat_downsample:
             self.downsample = nn.Conv2d(dim, down, 3, 2, 1)
         self.num_features = [*arch['stem_dims'][:2], dim, down]
-        self.new_keys = tuple(f'norm{i}.*' for i in range(4)) + ('downsample.*', )
+        self.not_in_pretrained = tuple(f'norm{i}.*' for i in range(4)) + ('downsample.*', )
         self._add_output_norms(1e-6)
         self._freeze_stages()
 
@@ -676,8 +678,9 @@ class FANHybrid(_TokenFAN):
     def strides(self) -> Tuple[int, ...]:
         return (4, 8, 16, 32 if self.feat_downsample else 16)
 
-    def _dense_levels(self, tokens: Tensor, size: Size, maps: List[Tensor], picked: Tensor) -> Dict[int, Tensor]:
-        levels = {0: maps[0], 1: maps[1], 2: tokens_to_map(picked, size)}
+    def _dense_levels(self, tokens: Tensor, size: Size, maps: List[Tensor],
+                      out_block_tokens: Tensor) -> Dict[int, Tensor]:
+        levels = {0: maps[0], 1: maps[1], 2: tokens_to_map(out_block_tokens, size)}
         if 3 in self.out_indices:
             patches = tokens_to_map(self._class_attention(tokens)[:, 1:], size)
             levels[3] = self.downsample(patches) if self.feat_downsample else patches
@@ -694,10 +697,10 @@ class FANHybrid(_TokenFAN):
 class FANSwin(FANBase):
     """FAN-Swin: Swin-T/S/B/L stages whose MLPs are FAN's channel attention (``channel_attn`` per stage)."""
     form = 'swin'
-    static_export_shapes = ('the window padding and shift mask are built from the map size in Python, so '
+    static_export_reason = ('the window padding and shift mask are built from the map size in Python, so '
                             'torch.export fixes the size')
 
-    def __init__(self, arch: Union[str, dict] = 'swin_t', form: Optional[str] = None, in_channels: int = 3,
+    def __init__(self, arch: Union[str, dict] = 'swin_t', form: Optional[str] = None, *, in_channels: int = 3,
                  mlp_ratio: float = 4., qkv_bias: bool = True, drop_rate: float = 0., attn_drop_rate: float = 0.,
                  drop_path_rate: float = 0.1, out_indices: Sequence[int] = (0, 1, 2, 3), out_norms: bool = True,
                  out_type: str = 'featmap', window_size: int = 7, patch_size: int = 4,
@@ -720,11 +723,12 @@ class FANSwin(FANBase):
         for i in range(4):
             start = sum(depths[:i])
             self.stages.append(
-                FANSwinStage(self.num_features[max(i - 1, 0)], self.num_features[i], depths[i], heads[i], i > 0,
-                             rates[start:start + depths[i]], with_cp, window_size=window_size,
+                FANSwinStage(self.num_features[max(i - 1, 0)], self.num_features[i], depths[i], heads[i],
+                             downsample=i > 0, drop_path=rates[start:start + depths[i]], with_cp=with_cp,
+                             window_size=window_size,
                              mlp_ratio=mlp_ratio, qkv_bias=qkv_bias, drop=drop_rate, attn_drop=attn_drop_rate,
                              channel_attn=bool(channel_attn[i]), fused=self.fused_attn, norm_layer=bn))
-        self.new_keys = tuple(f'norm{i}.*' for i in range(3))
+        self.not_in_pretrained = tuple(f'norm{i}.*' for i in range(3))
         self._add_output_norms(1e-5)
         self._freeze_stages()
 

@@ -97,7 +97,7 @@ class ReMViTv2(AttentionBackbone):
     }
     _arch_keys = ('embed_dims', 'depths', 'num_heads')
     _arch_prefix = 'remvit'
-    new_keys = ('alpha', 'norm0.*', 'norm1.*', 'norm2.*')
+    not_in_pretrained = ('alpha', 'norm0.*', 'norm1.*', 'norm2.*')
 
     def __init__(self, arch: Union[str, dict] = 't', *, in_channels: int = 3, img_size: int = 224,
                  patch_cfg: Optional[dict] = None, mlp_ratio: float = 4., qkv_bias: bool = True,
@@ -119,12 +119,9 @@ class ReMViTv2(AttentionBackbone):
         if any(d % h for d, h in zip(dims, heads)):
             raise ValueError(f'arch embed_dims {dims} must be divisible by num_heads {heads} in every stage')
         patch = {**dict(kernel_size=7, stride=4, padding=3), **(patch_cfg or {})}
-        self.in_channels = in_channels
+        self._set_interface(in_channels, out_indices, num_stages, frozen_stages, norm_eval)
         self.patch_size = patch['stride']
         self.residual_mode = residual_mode
-        self.out_indices = self._check_out_indices(out_indices, num_stages)
-        self.frozen_stages = frozen_stages
-        self.norm_eval = norm_eval
         self.num_features = list(dims)
 
         self.patch_embed = PatchEmbed(in_channels, dims[0], patch['kernel_size'], patch['stride'],

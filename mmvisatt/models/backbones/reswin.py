@@ -31,7 +31,8 @@ class WindowResidualAttention(WindowAttention):
 
     def __init__(self, dim: int, num_heads: int, window_size: int, qkv_bias: bool = True,
                  attn_drop: float = 0., proj_drop: float = 0.):
-        super().__init__(dim, num_heads, window_size, qkv_bias, attn_drop, proj_drop, fused=False)
+        super().__init__(dim, num_heads, window_size, qkv_bias=qkv_bias, attn_drop=attn_drop, proj_drop=proj_drop,
+                         fused=False)
         self.scale = (dim // num_heads) ** -0.5
 
     def forward(self, x: Tensor, num_windows: int, mask: Optional[Tensor] = None,
@@ -140,8 +141,8 @@ class ReSwinTransformer(AttentionBackbone):
     _arch_keys = ('embed_dims', 'depths', 'num_heads')
     _arch_prefix = 'reswin'
     # Keys that foreign (official, timm, classification) checkpoints cannot have.
-    new_keys = ('alpha', 'norm0.*', 'norm1.*', 'norm2.*')
-    static_export_shapes = ('the window padding, shift mask and residual-score index maps are built from the map '
+    not_in_pretrained = ('alpha', 'norm0.*', 'norm1.*', 'norm2.*')
+    static_export_reason = ('the window padding, shift mask and residual-score index maps are built from the map '
                             'size in Python, so torch.export fixes the size')
 
     def __init__(self, arch: Union[str, dict] = 't', *, in_channels: int = 3, patch_size: int = 4,
@@ -157,13 +158,9 @@ class ReSwinTransformer(AttentionBackbone):
             raise ValueError(f"residual_mode must be one of {sorted(ALIGNERS)}, got '{residual_mode}'")
         depths, heads = arch['depths'], arch['num_heads']
         num_stages = len(depths)
-        out_indices = self._check_out_indices(out_indices, num_stages)
-        self.in_channels = in_channels
+        self._set_interface(in_channels, out_indices, num_stages, frozen_stages, norm_eval)
         self.patch_size = patch_size
         self.residual_mode = residual_mode
-        self.out_indices = out_indices
-        self.frozen_stages = frozen_stages
-        self.norm_eval = norm_eval
         self.num_features = [arch['embed_dims'] * 2 ** i for i in range(num_stages)]
 
         self.patch_embed = PatchEmbed(in_channels, arch['embed_dims'], patch_size)
@@ -179,7 +176,7 @@ class ReSwinTransformer(AttentionBackbone):
                             downsample=i > 0, drop_path=rates[start:start + depths[i]], with_cp=with_cp,
                             window_size=window_size, mlp_ratio=mlp_ratio, qkv_bias=qkv_bias, drop=drop_rate,
                             attn_drop=attn_drop_rate, residual_mode=residual_mode))
-        for i in out_indices:
+        for i in self.out_indices:
             self.add_module(f'norm{i}', nn.LayerNorm(self.num_features[i]))
         self._freeze_stages()
 

@@ -62,7 +62,7 @@ class ReViT(AttentionBackbone):
     _arch_keys = ('embed_dims', 'depth', 'num_heads')
     _arch_prefix = 'revit'
     # Keys that official / timm (classification) checkpoints cannot have.
-    new_keys = ('alpha', 'norm0.*', 'norm1.*', 'norm3.*', 'pyramid.*')
+    not_in_pretrained = ('alpha', 'norm0.*', 'norm1.*', 'norm3.*', 'pyramid.*')
 
     _stem = ('patch_embed', 'pos_embed')
     _frozen_units = 'blocks'
@@ -81,11 +81,8 @@ class ReViT(AttentionBackbone):
             raise ValueError(f'fold_every must be a positive number of blocks, or None never to fold, got '
                              f'{fold_every}')
         self.fold_every = fold_every
-        self.in_channels = in_channels
+        self._set_interface(in_channels, out_indices, len(PYRAMID_SCALES), frozen_stages, norm_eval)
         self.patch_size = patch_size
-        self.out_indices = self._check_out_indices(out_indices, len(PYRAMID_SCALES))
-        self.frozen_stages = frozen_stages
-        self.norm_eval = norm_eval
         self.with_cp = with_cp
 
         self.patch_embed = PatchEmbed(in_channels, dim, patch_size, norm=False)

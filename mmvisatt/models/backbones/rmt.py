@@ -103,7 +103,7 @@ class RMTStage(nn.Module):
     Returns the stage output (at the stage's resolution) and the downsampled map for the next stage.
     """
 
-    def __init__(self, dim: int, out_dim: Optional[int], depth: int, num_heads: int, mlp_ratio: float,
+    def __init__(self, dim: int, out_dim: Optional[int], depth: int, num_heads: int, *, mlp_ratio: float,
                  init_value: float, heads_range: float, decomposed: bool, drop_path: Sequence[float],
                  layer_scale: Optional[float] = None, with_cp: bool = False, fused: bool = True,
                  norm_cfg: Optional[dict] = None):
@@ -173,9 +173,9 @@ class RMT(DecayBackbone):
     }
     _arch_keys = ('embed_dims', 'depths', 'num_heads')
     _arch_prefix = 'rmt'
-    new_keys = ('norm0.*', 'norm1.*', 'norm2.*', 'norm3.*')
+    not_in_pretrained = ('norm0.*', 'norm1.*', 'norm2.*', 'norm3.*')
 
-    def __init__(self, arch: Union[str, dict] = 't', in_channels: int = 3, drop_path_rate: Optional[float] = None,
+    def __init__(self, arch: Union[str, dict] = 't', *, in_channels: int = 3, drop_path_rate: Optional[float] = None,
                  layer_init_values: float = 1e-6, fused_attn: Optional[bool] = None, out_norms: bool = True,
                  out_indices: Optional[Sequence[int]] = None, frozen_stages: int = -1, norm_eval: bool = False,
                  with_cp: bool = False, norm_cfg: Optional[dict] = None, init_cfg: Optional[dict] = None):
@@ -194,10 +194,12 @@ class RMT(DecayBackbone):
         for i in range(n):
             start = sum(depths[:i])
             self.stages.append(RMTStage(
-                dims[i], dims[i + 1] if i < n - 1 else None, depths[i], heads[i], per_stage['mlp_ratios'][i],
-                per_stage['init_values'][i], per_stage['heads_ranges'][i], per_stage['decomposed'][i],
-                rates[start:start + depths[i]], layer_init_values if per_stage['layer_scales'][i] else None,
-                with_cp, self.fused_attn, norm_cfg))
+                dims[i], dims[i + 1] if i < n - 1 else None, depths[i], heads[i],
+                mlp_ratio=per_stage['mlp_ratios'][i], init_value=per_stage['init_values'][i],
+                heads_range=per_stage['heads_ranges'][i], decomposed=per_stage['decomposed'][i],
+                drop_path=rates[start:start + depths[i]],
+                layer_scale=layer_init_values if per_stage['layer_scales'][i] else None, with_cp=with_cp,
+                fused=self.fused_attn, norm_cfg=norm_cfg))
         self._add_output_norms()
         self._freeze_stages()
 

@@ -70,13 +70,13 @@ class DetailSpecificFFN(nn.Module):
 class ShuntedBlock(nn.Module):
     """Pre-norm block: x + DropPath(ShuntedAttention(LN(x))), then x + DropPath(FFN(LN(x)))."""
 
-    def __init__(self, dim: int, num_heads: int, sr_ratio: int, mlp_ratio: float = 4., qkv_bias: bool = True,
+    def __init__(self, dim: int, num_heads: int, sr_ratio: int, *, mlp_ratio: float = 4., qkv_bias: bool = True,
                  qk_scale: Optional[float] = None, drop: float = 0., attn_drop: float = 0., drop_path: float = 0.,
                  norm_eps: float = 1e-6, odd_size: str = 'pad', fused_attn: bool = True):
         super().__init__()
         self.norm1 = nn.LayerNorm(dim, eps=norm_eps)
-        self.attn = ShuntedAttention(dim, num_heads, shunted_rates(sr_ratio), qkv_bias, qk_scale, attn_drop, drop,
-                                     odd_size, fused_attn)
+        self.attn = ShuntedAttention(dim, num_heads, shunted_rates(sr_ratio), qkv_bias=qkv_bias, qk_scale=qk_scale,
+                                     attn_drop=attn_drop, proj_drop=drop, odd_size=odd_size, fused=fused_attn)
         self.drop_path = DropPath(drop_path) if drop_path > 0. else nn.Identity()
         self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
         self.mlp = DetailSpecificFFN(dim, int(dim * mlp_ratio), drop)
@@ -179,9 +179,9 @@ class ShuntedTransformer(AttentionBackbone):
     _arch_keys = ('embed_dims', 'depths', 'num_heads', 'mlp_ratios', 'sr_ratios')
     _arch_prefix = 'shunted'
     # The official classifier has every tensor of this backbone (its stage norms are on the main path).
-    new_keys: Tuple[str, ...] = ()
+    not_in_pretrained: Tuple[str, ...] = ()
 
-    def __init__(self, arch: Union[str, dict] = 't', in_channels: int = 3, qkv_bias: bool = True,
+    def __init__(self, arch: Union[str, dict] = 't', *, in_channels: int = 3, qkv_bias: bool = True,
                  qk_scale: Optional[float] = None, norm_eps: float = 1e-6, odd_size: str = 'pad',
                  fused_attn: Optional[bool] = None, norm_cfg: Optional[dict] = None, drop_rate: float = 0.,
                  attn_drop_rate: float = 0., drop_path_rate: float = 0.1, out_indices: Sequence[int] = (0, 1, 2, 3),
@@ -191,12 +191,9 @@ class ShuntedTransformer(AttentionBackbone):
         arch = self._resolve_arch(arch)
         dims, depths, heads = arch['embed_dims'], arch['depths'], arch['num_heads']
         num_stages = len(depths)
-        self.in_channels = in_channels
+        self._set_interface(in_channels, out_indices, num_stages, frozen_stages, norm_eval)
         self.odd_size = check_choice('odd_size', odd_size, ODD_SIZES)
         self.sr_ratios = tuple(arch['sr_ratios'])
-        self.out_indices = self._check_out_indices(out_indices, num_stages)
-        self.frozen_stages = frozen_stages
-        self.norm_eval = norm_eval
         self.num_features = list(dims)
         self.fused_attn = resolve_fused_attn(fused_attn)
 
@@ -208,9 +205,10 @@ class ShuntedTransformer(AttentionBackbone):
             else:
                 patch_embed = OverlapPatchEmbed(dims[i - 1], dims[i])
             blocks = [
-                ShuntedBlock(dims[i], heads[i], self.sr_ratios[i], arch['mlp_ratios'][i], qkv_bias, qk_scale,
-                             drop_rate, attn_drop_rate, next(rates), norm_eps, odd_size,
-                             self.fused_attn)
+                ShuntedBlock(dims[i], heads[i], self.sr_ratios[i], mlp_ratio=arch['mlp_ratios'][i],
+                             qkv_bias=qkv_bias, qk_scale=qk_scale, drop=drop_rate, attn_drop=attn_drop_rate,
+                             drop_path=next(rates), norm_eps=norm_eps, odd_size=odd_size,
+                             fused_attn=self.fused_attn)
                 for _ in range(depths[i])
             ]
             self.stages.append(ShuntedStage(patch_embed, blocks, dims[i], norm_eps, with_cp))

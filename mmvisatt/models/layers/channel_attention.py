@@ -117,7 +117,7 @@ class EfficientChannelAttention(nn.Module):
         norm_layer: the normalisation between the depthwise convs (BatchNorm2d, or SyncBatchNorm).
     """
 
-    def __init__(self, dim: int, num_heads: int, hidden_dim: int, qkv_bias: bool = True, attn_drop: float = 0.,
+    def __init__(self, dim: int, num_heads: int, hidden_dim: int, *, qkv_bias: bool = True, attn_drop: float = 0.,
                  drop: float = 0., value_residual: bool = True, value_norm_eps: float = 1e-5,
                  norm_layer: Callable[[int], nn.Module] = nn.BatchNorm2d):
         super().__init__()

@@ -87,7 +87,7 @@ class ShuntedAttention(nn.Module):
         fused: ``scaled_dot_product_attention`` or the explicit softmax reference.
     """
 
-    def __init__(self, dim: int, num_heads: int, rates: Sequence[int] = (), qkv_bias: bool = False,
+    def __init__(self, dim: int, num_heads: int, rates: Sequence[int] = (), *, qkv_bias: bool = False,
                  qk_scale: Optional[float] = None, attn_drop: float = 0., proj_drop: float = 0., odd_size: str = 'pad',
                  fused: bool = True):
         super().__init__()

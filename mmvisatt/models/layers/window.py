@@ -157,7 +157,7 @@ class WindowAttention(nn.Module):
     when a checkpoint was trained with another window size (e.g. 12 at 384 px). ``fused`` picks the attention
     primitive's path (:func:`~.attention.attention`)."""
 
-    def __init__(self, dim: int, num_heads: int, window_size: int, qkv_bias: bool = True, attn_drop: float = 0.,
+    def __init__(self, dim: int, num_heads: int, window_size: int, *, qkv_bias: bool = True, attn_drop: float = 0.,
                  proj_drop: float = 0., fused: bool = True):
         super().__init__()
         self.num_heads = num_heads

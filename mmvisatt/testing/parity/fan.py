@@ -91,7 +91,7 @@ def _fan_from_official(meta: dict, state_dict: dict, fused_attn: bool = False) -
                    out_indices=(0, 1, 2, 3) if dense else (2, ), out_norms=False,
                    pos_exponent='linear' if dense else 'paired', fused_attn=fused_attn)
     head = nn.Linear(kw['embed_dim'], kw['num_classes']) if 'logits_shape' in meta else None
-    load_converted(backbone, head, state_dict, 'fan', allow_missing=backbone.new_keys)
+    load_converted(backbone, head, state_dict, 'fan', allow_missing=backbone.not_in_pretrained)
     taps = [] if dense else [_point_to_module(p, swin=False) for p in meta['stage_points']]
     return FANTap(backbone, taps, head).eval()
 
@@ -111,6 +111,6 @@ def _fan_swin_from_official(meta: dict, state_dict: dict, fused_attn: bool = Fal
                    attn_drop_rate=kw.get('attn_drop_rate', 0.), drop_path_rate=kw.get('drop_path_rate', 0.1),
                    out_indices=(0, 1, 2, 3), fused_attn=fused_attn)
     head = nn.Linear(backbone.num_features[-1], kw['num_classes']) if 'logits_shape' in meta else None
-    load_converted(backbone, head, state_dict, 'fan', allow_missing=backbone.new_keys)
+    load_converted(backbone, head, state_dict, 'fan', allow_missing=backbone.not_in_pretrained)
     taps = [_point_to_module(p, swin=True) for p in meta['stage_points']]
     return FANTap(backbone, taps, head).eval()

@@ -26,7 +26,7 @@ def _reswin_from_official_swin(meta: dict, state_dict: dict, fused_attn: bool = 
         out_indices=tuple(range(len(depths))))
     backbone = MODELS.build(backbone_cfg)
     head = nn.Linear(backbone.num_features[-1], kw['num_classes']) if kw.get('num_classes') else None
-    load_converted(backbone, head, state_dict, 'reswin', allow_missing=ReSwinTransformer.new_keys)
+    load_converted(backbone, head, state_dict, 'reswin', allow_missing=ReSwinTransformer.not_in_pretrained)
     # the official stage points are the last block of each stage (before the next stage's patch merging)
     taps = [f'stages.{i}.blocks.{d - 1}' for i, d in enumerate(depths)]
     return StageTap(backbone, taps, lambda t: t.permute(0, 3, 1, 2), head, backbone_cfg=backbone_cfg).eval()
@@ -132,7 +132,7 @@ def _revit_from_official(meta: dict, state_dict: dict, fused_attn: bool = False)
     backbone = MODELS.build(backbone_cfg)
     num_classes = cfg['MODEL'].get('num_classes')
     head = nn.Linear(dims[-1], num_classes) if num_classes and 'logits_shape' in meta else None
-    load_converted(backbone, head, state_dict, family, allow_missing=cls.new_keys)
+    load_converted(backbone, head, state_dict, family, allow_missing=cls.not_in_pretrained)
     taps = []
     for point in meta['stage_points']:
         m = re.fullmatch(r'blocks\.(\d+)', point)

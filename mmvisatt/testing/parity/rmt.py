@@ -74,7 +74,7 @@ def _build(meta: dict, state_dict: dict, fused_attn: bool = False) -> nn.Module:
     converted, _, layout = convert_state_dict(unwrap_state_dict(state_dict), 'rmt')
     dense = meta['official_class'] == 'RMT'
     load_into(backbone, {k[len('backbone.'):]: v for k, v in converted.items() if k.startswith('backbone.')},
-              source='parity state dict', layout=layout, allow_missing=() if dense else RMT.new_keys)
+              source='parity state dict', layout=layout, allow_missing=() if dense else RMT.not_in_pretrained)
     head = None
     if 'logits_shape' in meta:
         head = RMTClassifier(kw['embed_dims'][-1], meta.get('num_classes', kw['num_classes']), kw['projection'])

@@ -54,7 +54,7 @@ def _shunted_from_official(meta: dict, state_dict: dict, fused_attn: bool = Fals
         out_indices=tuple(range(n)))
     num_classes = meta.get('num_classes', kw['num_classes'])
     head = nn.Linear(kw['embed_dims'][3], num_classes) if num_classes and 'logits_shape' in meta else None
-    load_converted(backbone, head, state_dict, 'shunted', allow_missing=ShuntedTransformer.new_keys)
+    load_converted(backbone, head, state_dict, 'shunted', allow_missing=ShuntedTransformer.not_in_pretrained)
     indices = []
     for point in meta['stage_points']:
         m = re.fullmatch(r'norm(\d+)', point)
