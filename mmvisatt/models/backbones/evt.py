@@ -177,7 +177,7 @@ class EVT(DecayBackbone):
     _arch_keys = ('embed_dims', 'depths', 'num_heads')
     _arch_prefix = 'evt'
     not_in_pretrained = ('norm0.*', 'norm1.*', 'norm2.*', 'norm3.*')
-    static_export_reason = ('the token groups (their number, padding and runs) are Python integers of the map '
+    static_export_reason = ('the token groups (their number and padding) are Python integers of the map '
                             'size, which torch.export cannot trace symbolically')
 
     def __init__(self, arch: Union[str, dict] = 't', *, in_channels: int = 3, group_size: int = 49,
