@@ -105,6 +105,8 @@ def test_groups_partition_tokens_once(mode, hw, size):
     x = torch.randn(2, n, 3)
     grouped = group_tokens(x, g)
     assert grouped.shape == (2, G, gs, 3)
+    # the reshape puts every token where the grouping's order says
+    assert torch.equal(grouped, torch.cat([x, x.new_zeros(2, g.padding, 3)], 1)[:, g.order].view(2, G, gs, 3))
     assert torch.equal(ungroup_tokens(grouped, g), x)
     pos = torch.stack([groups.clamp_max(n - 1) // W, groups.clamp_max(n - 1) % W], -1).double()
     for j in range(G):

@@ -141,15 +141,23 @@ def group_bias(log_gamma: Tensor, groups: TokenGroups, dtype: Optional[torch.dty
 
 
 def group_tokens(x: Tensor, groups: TokenGroups) -> Tensor:
-    """(B, N, C) -> (B, G, g, C), zero-padding the sequence to G*g tokens."""
+    """(B, N, C) -> (B, G, g, C), zero-padding the sequence to G*g tokens.
+
+    A reshape, as Swin's window partition: EuSAg's groups are consecutive stretches of the padded sequence, and
+    EuSAd's are its columns when it is read as a (g, G) grid.
+    """
     if groups.padding:
         x = F.pad(x, (0, 0, 0, groups.padding))
-    return x[:, groups.order].unflatten(1, (groups.num_groups, groups.group_size))
+    if groups.mode == 'grouped':
+        return x.unflatten(1, (groups.num_groups, groups.group_size))
+    return x.unflatten(1, (groups.group_size, groups.num_groups)).transpose(1, 2)
 
 
 def ungroup_tokens(x: Tensor, groups: TokenGroups) -> Tensor:
     """Inverse of :func:`group_tokens`: (B, G, g, C) -> (B, N, C), dropping the padding."""
-    return x.flatten(1, 2)[:, groups.inverse[:groups.num_tokens]]
+    if groups.mode == 'dilated':
+        x = x.transpose(1, 2)
+    return x.flatten(1, 2)[:, :groups.num_tokens]
 
 
 class SpatialDecay(nn.Module):
