@@ -144,6 +144,13 @@ def _take(scores: Tensor, index: Tensor) -> Tensor:
     return torch.gather(scores, 2, index.long().expand(scores.shape[0], scores.shape[1], -1))
 
 
+def _add_residual_(scores: Tensor, residual: Tensor, weight: Union[Tensor, float]) -> Tensor:
+    """``scores += weight * residual`` in place, without a score-sized temporary."""
+    if isinstance(weight, Tensor):
+        return scores.addcmul_(weight, residual)
+    return scores.add_(residual, alpha=weight)
+
+
 def mix_scores(scores: Tensor, residual: Optional[Tensor], valid: Optional[Tensor], alpha: Union[Tensor, float],
                num_windows: int = 1, residual_weight: Union[Tensor, float, None] = None) -> Tensor:
     """``alpha * scores + (1 - alpha) * residual`` where the residual is valid, ``scores`` elsewhere.
@@ -153,9 +160,7 @@ def mix_scores(scores: Tensor, residual: Optional[Tensor], valid: Optional[Tenso
     """
     if residual is None:
         return scores
-    residual_weight = 1 - alpha if residual_weight is None else residual_weight
-    # in place into the fresh product: one score-sized allocation fewer, the same sums
-    mixed = (alpha * scores).add_(residual_weight * residual)
+    mixed = _add_residual_(alpha * scores, residual, 1 - alpha if residual_weight is None else residual_weight)
     if valid is None:
         return mixed
     B = scores.shape[0] // num_windows
@@ -178,11 +183,15 @@ def residual_attention(q_s: Tensor, k: Tensor, v: Tensor, prev: Optional[Tensor]
     independent: a slice of the rows of every input gives that slice of the outputs, which the chunked memory
     strategies (:mod:`.score_memory`) build on.
     """
-    scores = mix_scores(q_s @ k.transpose(-2, -1), prev, None, alpha, residual_weight=residual_weight)
+    # alpha scales the queries and the residual goes in place into the fresh product: no score-sized temporary,
+    # and autograd keeps no copy of the product for alpha's gradient. The relative positions are added out of
+    # place: in place into a view of the product, the backward would rebuild the whole product (CopySlices).
+    scores = (q_s if prev is None else q_s * alpha) @ k.transpose(-2, -1)
+    if prev is not None:
+        _add_residual_(scores, prev, 1 - alpha if residual_weight is None else residual_weight)
     if rel_h is not None:
-        B, heads, rows, Nk = scores.shape
-        grid = scores.reshape(B, heads, rows, rel_h.shape[-1], rel_w.shape[-1]) + rel_h[..., :, None]
-        scores = grid.add_(rel_w[..., None, :]).reshape(B, heads, rows, Nk)
+        grid = scores.unflatten(-1, (rel_h.shape[-1], rel_w.shape[-1])) + rel_h[..., :, None]
+        scores = grid.add_(rel_w[..., None, :]).flatten(-2)
     return scores.softmax(dim=-1) @ v, scores
 
 
