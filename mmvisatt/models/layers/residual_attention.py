@@ -144,8 +144,11 @@ def _take(scores: Tensor, index: Tensor) -> Tensor:
     return torch.gather(scores, 2, index.long().expand(scores.shape[0], scores.shape[1], -1))
 
 
-def _add_residual_(scores: Tensor, residual: Tensor, weight: Union[Tensor, float]) -> Tensor:
-    """``scores += weight * residual`` in place, without a score-sized temporary."""
+def _add_residual_(scores: Tensor, residual: Tensor, alpha: Union[Tensor, float],
+                   residual_weight: Union[Tensor, float, None]) -> Tensor:
+    """``scores += weight * residual`` in place, without a score-sized temporary; ``weight`` is
+    ``residual_weight``, or ``1 - alpha`` where that is None."""
+    weight = 1 - alpha if residual_weight is None else residual_weight
     if isinstance(weight, Tensor):
         return scores.addcmul_(weight, residual)
     return scores.add_(residual, alpha=weight)
@@ -160,7 +163,7 @@ def mix_scores(scores: Tensor, residual: Optional[Tensor], valid: Optional[Tenso
     """
     if residual is None:
         return scores
-    mixed = _add_residual_(alpha * scores, residual, 1 - alpha if residual_weight is None else residual_weight)
+    mixed = _add_residual_(alpha * scores, residual, alpha, residual_weight)
     if valid is None:
         return mixed
     B = scores.shape[0] // num_windows
@@ -188,7 +191,7 @@ def residual_attention(q_s: Tensor, k: Tensor, v: Tensor, prev: Optional[Tensor]
     # place: in place into a view of the product, the backward would rebuild the whole product (CopySlices).
     scores = (q_s if prev is None else q_s * alpha) @ k.transpose(-2, -1)
     if prev is not None:
-        _add_residual_(scores, prev, 1 - alpha if residual_weight is None else residual_weight)
+        _add_residual_(scores, prev, alpha, residual_weight)
     if rel_h is not None:
         grid = scores.unflatten(-1, (rel_h.shape[-1], rel_w.shape[-1])) + rel_h[..., :, None]
         scores = grid.add_(rel_w[..., None, :]).flatten(-2)
