@@ -4,8 +4,10 @@
 # (facebookresearch/detectron2@87b1bf9:projects/MViTv2/configs/mask_rcnn_mvitv2_t_3x.py); AdamW 0.00016, wd 0.1, total
 # batch 64 = 16 GPUs x 4, fp16 AMP (dynamic loss scale).
 # Why: the paper trained only the ReMViTv2-T Mask R-CNN 3x; its recipe (the Detectron2 MViTv2 one).
-# Memory: 16 GPUs x 4: at 8 images per GPU the training step at this recipe's largest padded batch (1250x1333) is over
-# 80 GB (docs/benchmarks.md, Memory per GPU); the total batch stays 64.
+# Memory: score_memory='handoff' and 16 GPUs x 4: at 8 images per GPU the training step at this recipe's largest
+# padded batch (1250x1333) is over 80 GB with score_memory='handoff' (docs/benchmarks.md, Memory per GPU); the total
+# batch stays 64.
+# Measured per GPU (docs/benchmarks.md): 74.9 GB at 4 images per GPU.
 # Every value with its source line, and each deviation with its reason: docs/recipes.md. Backbone settings in
 # _base_/backbones/remvit_s.py.
 # Written by tools/misc/generate_configs.py from mmvisatt/recipes.py and mmvisatt/task_configs.py: edit those, not
@@ -19,7 +21,8 @@ _base_ = [
 ]
 
 model = dict(
-    backbone=dict(_base_.preset.backbone, drop_path_rate=0.2),
+    backbone=dict(_base_.preset.backbone, drop_path_rate=0.2,
+                  score_memory='handoff'),
     neck=dict(in_channels=_base_.preset.channels))
 optim_wrapper = dict(
     type='AmpOptimWrapper',

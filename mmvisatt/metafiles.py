@@ -231,6 +231,26 @@ def weights_page(config_dir: str) -> str:
     return '\n'.join(lines)
 
 
+def _memory_settings_lines(tokens: List[str], presets: Dict[str, Config]) -> List[str]:
+    """What the dense recipes of ``tokens`` add to the backbone to fit one 80 GB GPU at their images per GPU, one
+    line per preset that has any: a block pasted into a config of the same task and batch needs the same."""
+    lines = []
+    for token in tokens:
+        added = {}
+        for recipe in RECIPES:
+            if recipe.task != 'cls' and recipe.applies_to(token):
+                values = recipe_for(token, recipe_key(recipe))
+                settings = ', '.join(f'{k}={v!r}' for k, v in values.backbone.items()
+                                     if k in ('with_cp', 'score_memory'))
+                if values.memory and settings:
+                    added.setdefault(settings, []).append(f'`{recipe.name.format(bb=token)}.py`')
+        for settings, names in added.items():
+            lines.append(f'- {presets[token].name} in {", ".join(sorted(names))}: add `{settings}` to the backbone; '
+                         f'at those configs\' images per GPU the training step is over 80 GB without '
+                         f'{"them" if "," in settings else "it"} (docs/benchmarks.md, Memory per GPU).')
+    return lines
+
+
 def own_project_page(config_dir: str) -> str:
     """docs/own_project.md: per backbone class, a block to paste into a config of an outside mmdet or mmseg project
     (the imports, the backbone, the channels its neck or decode head takes) and every preset's arguments, from the
@@ -269,7 +289,8 @@ def own_project_page(config_dir: str) -> str:
             preset = presets[token]
             arguments = ', '.join(f'{k}={v!r}' for k, v in preset.backbone.items() if k not in ('type', 'init_cfg'))
             lines.append(f'| {preset.name} (`{token}`) | `{arguments}` | `{list(preset.channels)}` |')
-        lines.append('')
+        memory = _memory_settings_lines(tokens, presets)
+        lines += ['', *memory, ''] if memory else ['']
     lines += ['## What the stock tools/train.py lacks', '',
               "mmdet's and mmseg's own `tools/train.py` train these configs. This package's `tools/train.py` adds, "
               'before the Runner is built, the pre-flight (the config, the data and the checkpoints checked, each '

@@ -440,7 +440,8 @@ def _remvit_det(drop_path: float, name: str) -> TrainRecipe:
                     '62,500 (36.6 / 28.5 / 33.9 epochs of COCO train2017 at batch 64)', _GATE))
 
 
-# the ReMViTv2 sizes whose detectors (8 images per GPU) checkpoint their blocks to fit an 80 GB GPU
+# the ReMViTv2 sizes whose detectors (8 images per GPU) also checkpoint their blocks to fit an 80 GB GPU (every
+# ReMViTv2 detector hands its scores on by row chunks, score_memory='handoff')
 _REMVIT_CHECKPOINTED = ('b', )
 
 
@@ -456,8 +457,7 @@ def remvit_recipes(token: str, size: str) -> Dict[str, TrainRecipe]:
         else:
             out[recipe] = borrow(donor, 'the paper trained only the ReMViTv2-T Mask R-CNN 3x; its recipe (the '
                                         'Detectron2 MViTv2 one)')
-        if size in _REMVIT_CHECKPOINTED:
-            out[recipe] = fit_80gb(out[recipe])
+        out[recipe] = fit_80gb(out[recipe], with_cp=size in _REMVIT_CHECKPOINTED, score_memory='handoff')
     out['upernet_160k_ade20k'] = borrow(SWIN_UPERNET, 'no ReMViTv2 / MViTv2 UperNet recipe was published; the Swin '
                                                       'UperNet recipe', drop_path_rate=0.3,
                                         no_decay=('norm', 'rel_pos_h', 'rel_pos_w', 'alpha'))
@@ -478,15 +478,17 @@ VITDET_B = TrainRecipe(
                 'replaced by the recipe\'s own 1x / 3x schedule and data pipeline', _GATE))
 
 
-def fit_80gb(recipe: TrainRecipe, **settings) -> TrainRecipe:
-    """``recipe`` with the backbone checkpointing its blocks' activations (``with_cp``, plus ``settings``): its
-    training step at the recipe's images per GPU is over 80 GB without it (docs/benchmarks.md, Memory per GPU)."""
-    named = ', '.join(f'{k}={v!r}' for k, v in dict(with_cp=True, **settings).items())
+def fit_80gb(recipe: TrainRecipe, with_cp: bool = True, **settings) -> TrainRecipe:
+    """``recipe`` with the backbone settings that fit its training step at the recipe's images per GPU into an 80 GB
+    GPU: activation checkpointing (``with_cp``) and ``settings`` (a score-memory strategy of the ReViT family). The
+    step is over 80 GB without them (docs/benchmarks.md, Memory per GPU, has both figures)."""
+    turned_on = dict(with_cp=True, **settings) if with_cp else dict(settings)
+    named = ', '.join(f'{k}={v!r}' for k, v in turned_on.items())
     return dataclasses.replace(
-        recipe, backbone=dict(recipe.backbone, with_cp=True, **settings),
+        recipe, backbone=dict(recipe.backbone, **turned_on),
         memory=f'{named}: at {recipe.images_per_gpu} images per GPU the training step is over 80 GB without '
-               f'activation checkpointing (docs/benchmarks.md, Memory per GPU); the total batch stays '
-               f'{recipe.total_batch}')
+               f'{"them" if len(turned_on) > 1 else "it"} (docs/benchmarks.md, Memory per GPU); the total batch '
+               f'stays {recipe.total_batch}')
 
 
 def spread(recipe: TrainRecipe, gpus: int) -> TrainRecipe:

@@ -9,6 +9,7 @@ each config as literals, with a header naming their source. The files are writte
 ``mmvisatt/recipes.py`` or a preset in its base, never a task config.
 """
 import functools
+import json
 import os
 import os.path as osp
 import textwrap
@@ -206,6 +207,31 @@ def dense_body(config_dir: str, recipe: Recipe, values: TrainRecipe) -> str:
     return text
 
 
+@functools.lru_cache(maxsize=4)
+def _memory_rows(config_dir: str) -> Dict[str, Dict[str, Any]]:
+    """The memory table's rows (``docs/config_memory.json`` beside ``config_dir``) by config file name."""
+    path = osp.join(osp.dirname(osp.abspath(config_dir)), 'docs', 'config_memory.json')
+    if not osp.isfile(path):
+        return {}
+    with open(path) as f:
+        return json.load(f)['rows']
+
+
+def _measured_memory(config_dir: str, name: str) -> str:
+    """The figures behind a config's memory settings, from its row of the memory table: the step as configured, at
+    the recipe's own layout where the config spreads over more GPUs, and without the settings."""
+    row = _memory_rows(config_dir).get(name)
+    if row is None:
+        return ''
+    figures = [f"{row['per_gpu'] / 1e9:.1f} GB at {row['batch_per_gpu']} images per GPU"]
+    if row.get('at_recipe_layout'):
+        figures.append(f"{row['at_recipe_layout']['per_gpu'] / 1e9:.1f} GB at "
+                       f"{row['at_recipe_layout']['batch_per_gpu']}")
+    if row.get('without'):
+        figures.append(f"{row['without']['per_gpu'] / 1e9:.1f} GB without {row['without']['settings']}")
+    return '; '.join(figures)
+
+
 def render(config_dir: str, token: str, recipe: Recipe) -> str:
     """The text of the task config of backbone ``token`` and ``recipe``."""
     preset = Config.fromfile(osp.join(config_dir, '_base_', 'backbones', f'{token}.py')).preset
@@ -225,6 +251,9 @@ def render(config_dir: str, token: str, recipe: Recipe) -> str:
             comment.append(f'Reported: {values.reported}.')
         if values.memory:
             comment.append(f'Memory: {values.memory}.')
+            measured = _measured_memory(config_dir, recipe.name.format(bb=token) + '.py')
+            if measured:
+                comment.append(f'Measured per GPU (docs/benchmarks.md): {measured}.')
         comment.append(f'Every value with its source line, and each deviation with its reason: docs/recipes.md. '
                        f'Backbone settings in _base_/backbones/{token}.py.')
         body = dense_body(config_dir, recipe, values)

@@ -13,6 +13,9 @@ TWO_PATHS = {
     'FAN': dict(form='vit', embed_dims=32, depth=2, num_heads=2),
     'ShuntedTransformer': dict(embed_dims=(16, 32, 32, 64), depths=(1, 1, 1, 1), num_heads=(2, 2, 2, 4),
                                mlp_ratios=(2, 2, 2, 2), sr_ratios=(8, 4, 2, 1)),
+    'ReSwinTransformer': dict(embed_dims=16, depths=(2, 2, 2, 2), num_heads=(1, 2, 4, 8)),
+    'ReViT': dict(embed_dims=32, depth=2, num_heads=4),
+    'ReMViTv2': dict(embed_dims=16, depths=(1, 2, 1, 1), num_heads=1),
 }
 
 

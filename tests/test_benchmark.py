@@ -438,8 +438,16 @@ def test_gpu_check_script_runs_on_the_cpu(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         'benchmark.json', 'benchmark.log', 'benchmark.md', 'cuda_tests.log', 'cuda_tests.xml', 'cuda_tests_first.xml',
-        'decay_attention.json', 'dense_steps.json', 'env.txt', 'roofline_beside.json', 'train', 'train.log',
+        'decay_attention.json', 'dense_steps.json', 'env.txt', 'residual_fused.json', 'residual_fused_beside.json',
+        'residual_reference.json', 'residual_reference_beside.json', 'roofline_beside.json', 'train', 'train.log',
         'train_check.json']
+    # first, ReViT-B's and ReMViTv2-T's steps on both residual-attention paths, each beside its own estimate
+    residual = {path: json.loads((tmp_path / f'residual_{path}_beside.json').read_text())
+                for path in ('fused', 'reference')}
+    assert all([row['model'] for row in rows] == ['revit_b', 'remvit_t'] for rows in residual.values())
+    assert all(row['measured_ms'] > 0 for rows in residual.values() for row in rows)
+    assert all(ref['estimate_ms'] > fused['estimate_ms']
+               for fused, ref in zip(residual['fused'], residual['reference']))
     check = json.loads((tmp_path / 'train_check.json').read_text())
     assert check['iterations'] == 4 and check['non_finite'] == []
     steps = json.loads((tmp_path / 'dense_steps.json').read_text())

@@ -9,6 +9,7 @@ import torch
 from mmengine.config import Config
 
 from conftest import CONFIGS, REPO
+from mmvisatt.recipes import GPUS
 from mmvisatt.testing.device_audit import LiveBytes
 
 import config_memory  # noqa: E402  (tools/analysis, on sys.path through conftest)
@@ -85,6 +86,7 @@ def table():
 def test_every_dense_config_has_a_row_of_its_model_and_batch_and_fits_80_gb(table):
     rows = table['rows']
     assert sorted(rows) == sorted(config_memory.dense_configs())
+    limit = config_memory.LIMIT_GB * config_memory.GB
     over = []
     for name, row in rows.items():
         cfg = Config.fromfile(osp.join(CONFIGS, name))
@@ -93,8 +95,16 @@ def test_every_dense_config_has_a_row_of_its_model_and_batch_and_fits_80_gb(tabl
         assert row['key'] == config_memory.model_key(cfg, tuple(row['shape']), row['dtype']), \
             f'{name}: the model changed since its row was measured; run tools/analysis/config_memory.py {name}'
         assert row['per_gpu'] == config_memory.per_gpu_bytes(row['step'], row['batch_per_gpu'])
-        if row['per_gpu'] > config_memory.LIMIT_GB * config_memory.GB:
+        if row['per_gpu'] > limit:
             over.append((name, round(row['per_gpu'] / 1e9, 1)))
+        # what a config turns on to save memory, it needs: its step is over 80 GB without it
+        kept = config_memory.memory_settings(cfg)
+        assert bool(kept) == ('without' in row), name
+        if kept:
+            assert row['without']['per_gpu'] > limit, f'{name} fits without {row["without"]["settings"]}'
+        # a config spread over more GPUs than its recipe's layout would not fit at the recipe's images per GPU
+        if row['gpus'] and row['gpus'] != GPUS:
+            assert row['at_recipe_layout']['per_gpu'] > limit, f'{name} fits at its recipe\'s {GPUS} GPUs'
     assert not over, f'over 80 GB per GPU: {over}'
 
 

@@ -26,13 +26,10 @@ import torch
 from mmengine.registry import MODELS
 
 from mmvisatt.models.layers.score_memory import RowChunkAttention
-from mmvisatt.testing.cases import (T_PRESET_IDS, T_PRESETS, TINY_CASES, TWO_PATH_CASES, build, fused_reference_pair,
-                                    has_two_paths)
+from mmvisatt.testing.cases import T_PRESET_IDS, T_PRESETS, TINY_CASES, build, fused_reference_pair
 
 pytestmark = pytest.mark.cuda
 CUDA = torch.device('cuda')
-T_TWO_PATH = [(n, a) for n, a in T_PRESETS if has_two_paths(n)]
-T_TWO_PATH_IDS = [f'{n}-{a}' for n, a in T_TWO_PATH]
 # with BatchNorm somewhere (stems, downsampling, convolutional stages)
 BN_CASES = ['rmt', 'evt', 'shunted', 'fan_vit', 'fan_hybrid', 'fan_swin']
 
@@ -87,9 +84,9 @@ def assert_tensors_close(actual, expected, rtol: float) -> None:
 
 
 @pytest.mark.parametrize('dtype,rtol', [(torch.float64, 1e-9), (torch.float32, 1e-4)], ids=['float64', 'float32'])
-@pytest.mark.parametrize('name', list(TWO_PATH_CASES))
+@pytest.mark.parametrize('name', list(TINY_CASES))
 def test_fused_equals_reference_tiny(name, dtype, rtol):
-    fused, reference = (m.to(CUDA, dtype) for m in fused_reference_pair(*TWO_PATH_CASES[name]))
+    fused, reference = (m.to(CUDA, dtype) for m in fused_reference_pair(*TINY_CASES[name]))
     # odd sizes: padded windows / groups and ragged pooled maps; two images (FAN-Swin's windows join the batch)
     x = torch.randn(2, 3, 70, 45, dtype=dtype, device=CUDA)
     assert_tensors_close(_forward(fused, x), _forward(reference, x), rtol)
@@ -99,7 +96,7 @@ def test_fused_equals_reference_tiny(name, dtype, rtol):
     assert_tensors_close(grads, ref_grads, 10 * rtol)
 
 
-@pytest.mark.parametrize('name,arch', T_TWO_PATH, ids=T_TWO_PATH_IDS)
+@pytest.mark.parametrize('name,arch', T_PRESETS, ids=T_PRESET_IDS)
 def test_fused_equals_reference_t_preset(name, arch):
     fused, reference = (m.to(CUDA) for m in fused_reference_pair(name, dict(arch=arch), scale=0.02))
     x = torch.randn(1, 3, 230, 314, device=CUDA)
@@ -321,7 +318,7 @@ def test_flex_decay_equals_the_decay_mask_with_gradients(metric):
 
 def test_benchmark_reports_cuda_events_memory_and_flop_rate():
     from benchmark import main
-    report = main(['--backbone', 'RMT', '--arch', str(TWO_PATH_CASES['rmt'][1]['arch']), '--device', 'cuda',
+    report = main(['--backbone', 'RMT', '--arch', str(TINY_CASES['rmt'][1]['arch']), '--device', 'cuda',
                    '--shape', '96', '128', '--batch-size', '2', '--dtype', 'bf16', '--warmup', '1', '--repeats', '10',
                    '--compare', 'timm.swin_tiny_patch4_window7_224'])
     assert report['machine']['gpu'] == torch.cuda.get_device_name()

@@ -13,9 +13,9 @@ import torch.nn as nn
 from mmvisatt.checkpoint import (CheckpointMismatchError, convert_checkpoint_file, convert_state_dict, load_into,
                                  load_pretrained)
 from mmvisatt.models.backbones import ReMViTv2
-from mmvisatt.models.layers.residual_attention import (PooledScores, TokenGrid, align_pooled_by_position,
-                                                       align_pooled_official)
+from mmvisatt.models.layers.residual_attention import PooledScores, TokenGrid, align_pooled_by_position
 from mmvisatt.testing import parity_model
+from mmvisatt.testing.parity.revit import align_pooled_official, use_official_alignment
 
 DATA = Path(__file__).parent / 'data/parity/revit'
 OFFICIAL = DATA / 'remvit_a/state_dict.pth'
@@ -102,11 +102,14 @@ def test_alpha_one_equals_mmpretrain_mvit_on_non_square_inputs():
 
 
 def test_aligned_mode_equals_official_where_the_official_code_runs(official):
-    """On 224x224 (square maps, sides divisible by the strides) both modes reproduce the official outputs."""
+    """On 224x224 (square maps, sides divisible by the strides) the position alignment and the official one (the
+    parity fixtures', on the test side) both reproduce the official outputs."""
     ref = torch.load(DATA / 'remvit_a/outputs.pt', weights_only=True)
     images = torch.load(DATA / 'remvit_a/input.pt', weights_only=True).double()
     for mode in ('aligned', 'official'):
-        model = ReMViTv2(arch=FIXTURE_ARCH, residual_mode=mode).double().eval()
+        model = ReMViTv2(arch=FIXTURE_ARCH).double().eval()
+        if mode == 'official':
+            use_official_alignment(model)
         load_pretrained(model, official, family='remvit', allow_missing=ReMViTv2.not_in_pretrained)
         for i, (a, b) in enumerate(zip(_stage_outputs(model, images), ref['stages'])):
             assert _rel(a.permute(0, 3, 1, 2), b) < 1e-6, f'{mode} stage {i}'
@@ -120,7 +123,7 @@ def test_parity_fixture_detects_a_dropped_residual():
     ref = torch.load(case / 'outputs.pt', weights_only=True)
     for module in model.modules():
         if hasattr(module, 'align'):
-            module.align = lambda *args: None  # mix_scores then keeps the layer's own scores
+            module.align = lambda *args: None  # residual_attention then keeps the layer's own scores
     with torch.no_grad():
         out = model(torch.load(case / 'input.pt', weights_only=True).double())
     assert _rel(out['stages'][-1], ref['stages'][-1]) > 1e-2
@@ -167,7 +170,7 @@ def test_official_alignment_is_the_square_grid_logic():
     expected = grid.reshape(4, 2, 4, 2, 4, 4).mean(dim=(1, 3))  # queries: 2x2 average
     expected = expected.repeat_interleave(2, -2).repeat_interleave(2, -1)  # keys: nearest x2
     assert torch.allclose(out.reshape(4, 4, 8, 8), expected)
-    with pytest.raises(ValueError, match="residual_mode='aligned'"):
+    with pytest.raises(ValueError, match='ReMViTv2 itself aligns by position'):
         align_pooled_official(PooledScores(torch.zeros(1, 1, 6, 4), TokenGrid(2, 3), TokenGrid(2, 2)),
                               TokenGrid(1, 2), TokenGrid(2, 2), 1)
 
@@ -184,12 +187,14 @@ def test_any_input_size(out_indices):
         assert torch.isfinite(out).all()
 
 
-def test_official_mode_refuses_what_the_official_code_cannot_run():
-    model = ReMViTv2(arch=TINY, residual_mode='official').eval()
+def test_official_alignment_refuses_what_the_official_code_cannot_run():
+    """The parity fixtures' alignment (the official code's, on the test side) runs where the official code runs and
+    says so elsewhere; ReMViTv2 itself takes any size."""
+    model = use_official_alignment(ReMViTv2(arch=TINY).eval())
     with torch.no_grad():
         assert [o.shape[-1] for o in model(torch.randn(1, 3, 256, 256))] == [64, 32, 16, 8]
         for size in ((333, 517), (232, 232)):  # non-square; square but 58 -> 15 keys cannot grow to 29
-            with pytest.raises(ValueError, match="use residual_mode='aligned' for other sizes"):
+            with pytest.raises(ValueError, match='ReMViTv2 itself aligns by position and takes any size'):
                 model(torch.randn(1, 3, *size))
 
 
@@ -231,8 +236,8 @@ def test_arch_presets_and_input_errors():
         ReMViTv2(arch='x')
     with pytest.raises(ValueError, match='one entry per stage'):
         ReMViTv2(arch=dict(TINY, num_heads=(1, 2)))
-    with pytest.raises(ValueError, match='residual_mode'):
-        ReMViTv2(arch=TINY, residual_mode='bogus')
+    with pytest.raises(TypeError, match='residual_mode'):
+        ReMViTv2(arch=TINY, residual_mode='official')  # the official alignment is the parity fixtures' alone
     model = ReMViTv2(arch=TINY)
     with pytest.raises(ValueError, match=r'expects images of shape \(B, 3, H, W\).*in_channels=4'):
         model(torch.randn(1, 4, 64, 64))

@@ -83,7 +83,7 @@ def test_parity_fixture_detects_a_dropped_residual():
     ref = torch.load(case / 'outputs.pt', weights_only=True)
     for module in model.modules():
         if hasattr(module, 'align'):
-            module.align = lambda *args: None  # mix_scores then keeps the layer's own scores
+            module.align = lambda *args: None  # residual_attention then keeps the layer's own scores
     with torch.no_grad():
         out = model(torch.load(case / 'input.pt', weights_only=True).double())
     assert _rel(out['stages'][-1], ref['stages'][-1]) > 1e-4

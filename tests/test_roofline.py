@@ -40,10 +40,11 @@ def test_float32_ops_write_float32_and_the_rest_the_wider_input():
 
 
 def test_a_backbone_step_has_a_cost_with_its_anchor():
-    """ReSwin-T and timm's Swin-T compute the same FLOPs (the same architecture with ReViT's residual added)."""
+    """ReSwin-T computes timm's Swin-T's FLOPs (the same architecture with ReViT's residual added) and, on its fused
+    path, the windows' q k^T once more: in the attention kernel and for the carried map (2% of the step at 224)."""
     ours = roofline.step_cost('reswin_t', (224, 224), 1)
     swin = roofline.step_cost('timm.swin_tiny_patch4_window7_224', (224, 224), 1)
-    assert ours['tflops'] == pytest.approx(swin['tflops'], rel=0.02) and ours['tflops'] > 0
+    assert swin['tflops'] > 0 and 1.0 < ours['tflops'] / swin['tflops'] < 1.03
     for row in (ours, swin):
         assert row['seconds'] == pytest.approx(sum(t['seconds'] for t in row['top']))
         assert row['achieved_tflops_per_s'] == pytest.approx(row['tflops'] / row['seconds'])

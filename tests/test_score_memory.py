@@ -246,8 +246,6 @@ def test_strategies_that_cannot_apply_are_refused():
         ReMViTv2(score_memory='factors', **arch)
     with pytest.raises(ValueError, match="ReViT takes score_memory in"):
         ReViT(score_memory='handoff', arch=dict(embed_dims=32, depth=2, num_heads=4))
-    with pytest.raises(ValueError, match="the official alignment keeps score_memory='full'"):
-        ReMViTv2(score_memory='handoff', residual_mode='official', **arch)
     with pytest.raises(ValueError, match='needs attention without pooling and relative positions'):
         PoolingResidualAttention(8, 8, 2, pool_kernel=(3, 3), stride_kv=(2, 2), score_memory='factors')
     with pytest.raises(ValueError, match='fold_every must be a positive number of blocks'):

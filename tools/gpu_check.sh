@@ -9,6 +9,9 @@
 #                                           on the GPU machine, from the repository root, in this order, each step
 #                                           limited so that all of them end within the budget (default 540 s) and
 #                                           the later ones keep the time they need:
+#     0. the training steps of ReViT-B and ReMViTv2-T (their presets) at 1333x800, batch 2, bf16, on the fused and
+#        on the reference residual attention (fused_attn=True / False), each beside the cost model's estimate
+#        (tools/analysis/benchmark.py, then tools/analysis/roofline.py --beside)
 #     1. mmcv with its CUDA ops: from a wheel carried in .gpu_build/wheels (built elsewhere for the machine's
 #        Python, torch and CUDA; ignored by git), installed in seconds where its ops load; else built from
 #        .whl/mmcv-2.1.0.tar.gz for the visible GPU's architecture with MAX_JOBS = cores (minutes), the time printed
@@ -21,10 +24,11 @@
 #        the cost model's estimate beside each measured train step (tools/analysis/roofline.py --beside)
 #     5. the CUDA tests (pytest tests/test_cuda.py -m cuda), FAN-ViT-T's CUDA-against-CPU test first
 #     6. where time is left, RMT/EVT's decay mask + SDPA against FlexAttention (tools/analysis/decay_attention.py)
-#   Everything goes to $OUT (where set) or work_dirs/gpu_check: env.txt, mmcv_build.log, cuda_tests.log/.xml,
+#   Everything goes to $OUT (where set) or work_dirs/gpu_check: env.txt, residual_{fused,reference}.json and
+#   residual_{fused,reference}_beside.json, mmcv_build.log, cuda_tests.log/.xml,
 #   train.log, train_check.json, dense_steps.json, benchmark.json/.md/.log, roofline_beside.json,
 #   decay_attention.json.
-#   --skip build,train,dense,bench,tests,decay leaves those steps out (without an mmcv with CUDA ops, the steps
+#   --skip residual,build,train,dense,bench,tests,decay leaves those steps out (without an mmcv with CUDA ops, the steps
 #   that need none take mmcv's Python code from the sdist).
 #   --device cpu rehearses every step on the CPU (no build; the CUDA tests skip; 20 iterations; the dense steps at
 #   128x128 for two presets; the benchmarks at 224x320) to check the script itself; --quick shortens either run
@@ -69,7 +73,7 @@ want() {
 }
 
 # the seconds the steps named, those not skipped, need at least: what a step before them leaves of the budget
-declare -A NEEDS=([train]=100 [dense]=60 [bench]=90 [tests]=60)
+declare -A NEEDS=([build]=60 [train]=100 [dense]=60 [bench]=90 [tests]=60)
 need() {
   local total=0 step
   for step in "$@"; do
@@ -167,13 +171,32 @@ print("gpu:", torch.cuda.get_device_name() if torch.cuda.is_available() else "no
   cat "$out/env.txt"
 
   local status=0
-  if [ "$device" != cpu ] && want build; then
-    build_mmcv "$out" || status=1
-  fi
-  # where no mmcv is installed, its Python code from the sdist: the backbone steps need no compiled op
+  # where no mmcv is installed, its Python code from the sdist: the backbone steps need no compiled op (a built
+  # mmcv in /tmp/site comes first on the path)
   local mmcv_dir
   mmcv_dir=$([ -f .whl/mmcv-2.1.0.tar.gz ] && mmcv_python || true)
   export PYTHONPATH=$PYTHONPATH${mmcv_dir:+:$mmcv_dir}
+  # first: the residual attention's two paths where the cost model says the family's time goes
+  if want residual; then
+    local residual=(--backbone revit_b --compare remvit_t --measure train --device "$device")
+    if [ "$device" = cpu ]; then
+      residual+=(--shape 64 96 --batch-size 1 --dtype float32 --warmup 0 --repeats 1)
+    else
+      residual+=(--shape 800 1333 --batch-size 2 --dtype bf16 --warmup 2 --repeats 5 --memory-steps 1)
+    fi
+    for path in fused reference; do
+      local fused=True
+      [ "$path" = reference ] && fused=False
+      timeout "$(left 90 "$(need build train dense bench tests)")" "$py" tools/analysis/benchmark.py "${residual[@]}" \
+        --backbone-options "fused_attn=$fused" --out "$out/residual_$path.json" 2>&1 | tail -n 12 || status=1
+      [ -f "$out/residual_$path.json" ] && { timeout "$(left 60 "$(need build train dense bench tests)")" "$py" \
+        tools/analysis/roofline.py --beside "$out/residual_$path.json" --out "$out/residual_${path}_beside.json" \
+        2>&1 | tail -n 4 || status=1; }
+    done
+  fi
+  if [ "$device" != cpu ] && want build; then
+    build_mmcv "$out" || status=1
+  fi
   if [ "$device" != cpu ] && ! "$py" -c "$HAS_OPS" 2>/dev/null; then
     echo "gpu_check: no mmcv with CUDA ops; the detector steps cannot run" >&2
   fi

@@ -1,5 +1,5 @@
-"""Backbone cases the tests share: a tiny arch of every form with two attention paths, the T-size preset of every
-form, and builders for same-weight model pairs.
+"""Backbone cases the tests share: a tiny arch of every form (each with two attention paths), the T-size preset of
+every form, and builders for same-weight model pairs.
 
 The CPU tests (``tests/test_fast_paths.py``, ``tests/test_half_precision.py``) and the CUDA tests
 (``tests/test_cuda.py``) read the same cases, so a form added here is checked on both devices.
@@ -14,8 +14,8 @@ import mmvisatt.models  # noqa: F401  (registers the backbones)
 
 _SMALL = dict(embed_dims=(16, 32, 32, 64), num_heads=(2, 2, 4, 4))
 
-# name -> (registered type, constructor arguments): every form whose blocks have a reference and a fused path
-TWO_PATH_CASES: Dict[str, Tuple[str, dict]] = {
+# name -> (registered type, constructor arguments): every form, tiny; each has a reference and a fused path
+TINY_CASES: Dict[str, Tuple[str, dict]] = {
     'rmt': ('RMT', dict(arch=dict(_SMALL, depths=(1, 2, 1, 1), decomposed=(True, True, False, False),
                                   layer_scales=(False, False, True, True)))),
     'evt': ('EVT', dict(arch=dict(_SMALL, depths=(2, 2, 1, 1)))),
@@ -27,28 +27,18 @@ TWO_PATH_CASES: Dict[str, Tuple[str, dict]] = {
     'fan_hybrid': ('FAN', dict(arch=dict(form='hybrid', embed_dims=32, depth=3, num_heads=2, stem_depths=(1, 1),
                                          stem_dims=(16, 24), out_block=1, down_channels=40))),
     'fan_swin': ('FAN', dict(arch=dict(form='swin', embed_dims=16, depths=(1, 2, 1, 1), num_heads=(1, 2, 2, 4)))),
-}
-
-# every form, tiny: the two-path ones and the ReViT family, whose one path carries its scores whole
-TINY_CASES: Dict[str, Tuple[str, dict]] = {
-    **TWO_PATH_CASES,
     'reswin': ('ReSwinTransformer', dict(arch=dict(embed_dims=16, depths=(2, 2, 2, 2), num_heads=(1, 2, 4, 8)))),
+    'reswin_official': ('ReSwinTransformer', dict(arch=dict(embed_dims=16, depths=(2, 2, 2, 2),
+                                                            num_heads=(1, 2, 4, 8)), residual_mode='official')),
     'revit': ('ReViT', dict(arch=dict(embed_dims=32, depth=3, num_heads=4))),
     'remvit': ('ReMViTv2', dict(arch=dict(embed_dims=16, depths=(1, 2, 1, 1), num_heads=1))),
 }
-ONE_PATH = ('ReSwinTransformer', 'ReViT', 'ReMViTv2')
 
 # (registered type, preset): the T-size preset of every form (ReViT's smallest is B)
 T_PRESETS: List[Tuple[str, str]] = [
     ('RMT', 't'), ('EVT', 't'), ('EVT', 'swin_t'), ('FAN', 'vit_t'), ('FAN', 'hybrid_t'), ('FAN', 'swin_t'),
     ('ReSwinTransformer', 't'), ('ReMViTv2', 't'), ('ReViT', 'b'), ('ShuntedTransformer', 't')]
 T_PRESET_IDS = [f'{name}-{arch}' for name, arch in T_PRESETS]
-
-
-def has_two_paths(name: str) -> bool:
-    """The ReViT family has one attention path (its mixed scores are carried to the next block, so the map is made
-    whatever kernel attends with it), every other family two."""
-    return name not in ONE_PATH
 
 
 def resolve_arch(name: str, arch) -> dict:

@@ -94,6 +94,8 @@ _MIB = 2.0 ** 20
 TIMM_PREFIX = 'timm.'
 # the models the GPU table compares side by side in one process (docs/benchmarks.md): every form's T-size preset
 # (ReViT's smallest is B) and timm's Swin-T and MViTv2-T, the anchors users compare with
+#: timm names of plain (single-scale) ViTs, whose features are block outputs
+PLAIN_VITS = ('vit_', 'deit_', 'deit3_')
 SUITES = {
     't-presets': ('reswin_t', 'remvit_t', 'revit_b', 'rmt_t', 'evt_t', 'evt_swin_t', 'fan_vit_t', 'fan_hybrid_t',
                   'fan_swin_t', 'shunted_t', 'timm.swin_tiny_patch4_window7_224', 'timm.mvitv2_tiny'),
@@ -351,12 +353,12 @@ def resolve(spec: ModelSpec, with_cp: Optional[bool] = None,
 class TimmFeatures(nn.Module):
     """A timm model as a backbone of the benchmark, built for the input size it will see.
 
-    ``features_only`` (default) returns timm's multi-scale features (``out_indices`` 0-3, strides 4-32), the
-    counterpart of a dense backbone; False returns ``forward_features`` (the last stage, normalised). The input is
-    zero-padded to a multiple of ``pad_to`` (32, as mmdet's data preprocessor pads a detector's batch), since
-    timm's patch embeddings take no other sizes. MViTv2 sizes its relative-position tables for a square grid (it
-    asserts a square ``img_size``) but reads the grid from the input, so the longer side gives its build size:
-    the tables' extra rows are never read and the compute is that of the actual input.
+    ``features_only`` (default) returns timm's multi-scale features (``out_indices`` 0-3, strides 4-32; a plain
+    ViT's last block), the counterpart of a dense backbone; False returns ``forward_features`` (the last stage,
+    normalised). The input is zero-padded to a multiple of ``pad_to`` (32, as mmdet's data preprocessor pads a
+    detector's batch), since timm's patch embeddings take no other sizes. MViTv2 sizes its relative-position tables
+    for a square grid (it asserts a square ``img_size``) but reads the grid from the input, so the longer side gives
+    its build size: the tables' extra rows are never read and the compute is that of the actual input.
     """
 
     def __init__(self, model_name: str, img_size: Tuple[int, int], features_only: bool = True, pad_to: int = 32,
@@ -366,7 +368,10 @@ class TimmFeatures(nn.Module):
         size = tuple(-(-int(s) // pad_to) * pad_to for s in img_size)
         if model_name.startswith('mvitv2'):
             size = (max(size), ) * 2
-        extra = dict(features_only=True, out_indices=(0, 1, 2, 3)) if features_only else dict(num_classes=0)
+        # a plain ViT's features are its blocks' outputs: the last block (every block built) is what a dense head
+        # reads (ViTDet), where blocks 0-3 would build a third of the network
+        indices = (-1, ) if model_name.startswith(PLAIN_VITS) else (0, 1, 2, 3)
+        extra = dict(features_only=True, out_indices=indices) if features_only else dict(num_classes=0)
         self.model = timm.create_model(model_name, pretrained=False, img_size=size, **extra, **kwargs)
         self.features_only = features_only
         self.pad_to = pad_to

@@ -6,8 +6,10 @@ largest height and width among them), with synthetic data (a detector's images h
 boxes and uint8 masks, with proposals around them as a trained RPN makes them; a segmentor's a label map;
 ``tools/analysis/benchmark.py``'s batches). One training step (forward, losses, backward, the config's optimizer)
 runs under :class:`~mmvisatt.testing.device_audit.LiveBytes`, which counts the bytes of the tensors alive, as CUDA's
-allocator counts ``max_memory_allocated``. The backbone runs on the meta device; autocast does not reach it there,
-so a config trained with AMP is measured in float32, its upper bound.
+allocator counts ``max_memory_allocated``; ``scaled_dot_product_attention`` takes the kernels a GPU takes (flash, or
+memory-efficient with a mask, which keeps no score matrix: the cost model's ``gpu_attention_kernels``). The backbone
+runs on the meta device; autocast does not reach it there, so a config trained with AMP is measured in float32, its
+upper bound.
 
 The row is reported per GPU at the config's ``train_dataloader.batch_size``:
 
@@ -36,6 +38,7 @@ presets).
 """
 import argparse
 import contextlib
+import copy
 import datetime
 import gc
 import json
@@ -46,21 +49,21 @@ import time
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import torch
-import torch.nn.functional as F
 from mmengine.config import Config
 
 sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
 # the development bench beside it
 from benchmark import BenchmarkSettings, ModelSpec, Workload, write_between_markers  # noqa: E402
+from roofline import gpu_attention_kernels  # noqa: E402
 
 from mmvisatt.engine.preflight.memory import (GB, LIMIT_GB, TAIL_INSTANCES, model_key,  # noqa: E402
                                               per_gpu_bytes, scaled_step, table_path, training_size)
+from mmvisatt.recipes import GPUS  # noqa: E402
 from mmvisatt.task_configs import expected_configs  # noqa: E402
 from mmvisatt.testing.device_audit import LiveBytes  # noqa: E402
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 CONFIG_DIR = osp.join(REPO, 'configs')
-_CPU_FLASH = 1  # torch._fused_sdp_choice's answer for the CPU's flash kernel (sdp::SDPBackend::flash_attention)
 # also the order of --per-gpu-step, which a time limit may cut short: every preset's Mask R-CNN first, then UperNet
 DENSE_PREFIXES = ('mask_rcnn_', 'upernet_', 'cascade_mask_rcnn_', 'retinanet_', 'fpn_', 'segformer_')
 AMP_AS_FLOAT32 = ('autocast does not reach the meta device the backbone runs on (its ops keep float32 there): '
@@ -105,33 +108,6 @@ class _MetaToHost(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grads):
         return tuple(g.to('meta') for g in grads)
-
-
-@contextlib.contextmanager
-def meta_sdpa_as_on_the_host() -> Iterator[None]:
-    """``scaled_dot_product_attention`` on the meta device takes the kernel the host would take for the same
-    shapes and dtypes (the CPU's flash kernel, which, like CUDA's flash and memory-efficient kernels, never holds
-    the score matrix), where the meta device alone would take the math path and count a full score matrix."""
-    sdpa = F.scaled_dot_product_attention
-
-    def host_choice(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
-        if q.device.type != 'meta':
-            return sdpa(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
-                        enable_gqa=enable_gqa)
-        like = [torch.empty(t.shape, dtype=t.dtype, requires_grad=t.requires_grad) if t is not None else None
-                for t in (q, k, v, attn_mask)]
-        choice = torch._fused_sdp_choice(*like[:3], attn_mask=like[3], dropout_p=dropout_p, is_causal=is_causal,
-                                         scale=scale, enable_gqa=enable_gqa)
-        if choice != _CPU_FLASH:
-            return sdpa(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
-                        enable_gqa=enable_gqa)
-        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-            q, k, v, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)[0]
-    F.scaled_dot_product_attention = host_choice
-    try:
-        yield
-    finally:
-        F.scaled_dot_product_attention = sdpa
 
 
 @contextlib.contextmanager
@@ -187,15 +163,16 @@ def run_backbone_on_meta(backbone: torch.nn.Module, optimizer: torch.optim.Optim
 
 
 def measure_step(config: str, shape: Tuple[int, int], dtype: str, batch_size: int = 1,
-                 meta_backbone: bool = True, instances: int = TAIL_INSTANCES) -> Dict[str, Any]:
+                 meta_backbone: bool = True, instances: int = TAIL_INSTANCES,
+                 options: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """One training step of ``config``'s model at ``shape`` under :class:`LiveBytes`: bytes of the weights
     (parameters and buffers), gradients, optimizer state, and the forward/backward peak. ``meta_backbone``: the
     backbone runs on the meta device (:func:`run_backbone_on_meta`), the neck and heads on the host. A detector's
     images hold ``instances`` boxes (and masks) each, and its proposals lie around them
-    (:func:`proposals_around_objects`)."""
+    (:func:`proposals_around_objects`). ``options`` replace backbone settings."""
     settings = BenchmarkSettings(shape=shape, batch_size=batch_size, dtype=dtype, device='cpu', warmup=0, repeats=1,
                                  boxes_per_image=instances)
-    workload = Workload(ModelSpec(config), settings)
+    workload = Workload(ModelSpec(config, options=dict(options or {})), settings)
     model, optimizer = workload.model, workload.optimizer
     if meta_backbone:
         run_backbone_on_meta(model.backbone, optimizer)
@@ -205,7 +182,7 @@ def measure_step(config: str, shape: Tuple[int, int], dtype: str, batch_size: in
     model.train()
     start = time.perf_counter()
     tracker = LiveBytes()
-    with tracker, meta_sdpa_as_on_the_host(), proposals_around_objects(model):
+    with tracker, gpu_attention_kernels(), proposals_around_objects(model):
         tracker.add((params, list(model.buffers()), workload.batch))
         with workload.autocast():
             data = model.data_preprocessor(workload.batch, True)
@@ -258,33 +235,64 @@ def measure_device_step(config: str, shape: Tuple[int, int], batch_size: int, am
     return result
 
 
+#: backbone settings that trade compute for memory, with the value that turns each off
+MEMORY_SETTINGS = dict(with_cp=False, score_memory='full')
+
+
+def memory_settings(cfg: Config) -> Dict[str, Any]:
+    """What ``cfg``'s backbone turns on of :data:`MEMORY_SETTINGS` (activation checkpointing, a score-memory
+    strategy of the ReViT family)."""
+    backbone = cfg.model.get('backbone') or {}
+    return {k: backbone[k] for k, off in MEMORY_SETTINGS.items() if backbone.get(k, off) != off}
+
+
+def _step(config: str, cfg: Config, shape: Tuple[int, int], dtype: str, cache: Optional[dict],
+          options: Optional[Dict[str, Any]] = None) -> Tuple[str, Dict[str, Any]]:
+    """(model key, one-image step) of ``config`` with backbone ``options``, measured or from ``cache``."""
+    if options:
+        cfg = copy.deepcopy(cfg)
+        cfg.model.backbone.update(options)
+    key = model_key(cfg, shape, dtype)
+    if cache is not None and key in cache:
+        return key, cache[key]
+    try:
+        step = measure_step(config, shape, dtype, options=options)
+    except ValueError as error:
+        if 'Expected more than 1 value per channel' not in str(error):
+            raise
+        # BatchNorm after a global pooling (UperNet's pyramid pooling) cannot train on one image
+        step = measure_step(config, shape, dtype, batch_size=2, options=options)
+    if cache is not None:
+        cache[key] = step
+    return key, step
+
+
 def measure_config(config: str, shape: Optional[Tuple[int, int]] = None, cache: Optional[dict] = None,
                    check_batch: Optional[int] = None) -> Dict[str, Any]:
     """The row of ``config``: its training size, dtype, per-GPU batch and GPUs, the one-image step and the per-GPU
-    bytes. ``cache`` (model key -> step) shares measurements between configs. A config trained with AMP is
-    measured in float32, its upper bound: autocast does not reach the meta device the backbone runs on."""
+    bytes; for a config that turns on :func:`memory_settings`, also the per-GPU bytes without them (``without``:
+    why it turns them on). ``cache`` (model key -> step) shares measurements between configs. A config trained
+    with AMP is measured in float32, its upper bound: autocast does not reach the meta device the backbone runs
+    on."""
     cfg = Config.fromfile(config)
     shape = tuple(shape) if shape else training_size(cfg)
     amp = uses_amp(cfg)
     dtype, why_float32 = 'float32', (AMP_AS_FLOAT32 if amp else None)
-    key = model_key(cfg, shape, dtype)
-    if cache is not None and key in cache:
-        step = cache[key]
-    else:
-        try:
-            step = measure_step(config, shape, dtype)
-        except ValueError as error:
-            if 'Expected more than 1 value per channel' not in str(error):
-                raise
-            # BatchNorm after a global pooling (UperNet's pyramid pooling) cannot train on one image
-            step = measure_step(config, shape, dtype, batch_size=2)
-        if cache is not None:
-            cache[key] = step
+    key, step = _step(config, cfg, shape, dtype, cache)
     batch = int(cfg.train_dataloader.batch_size)
     total = (cfg.get('auto_scale_lr') or {}).get('base_batch_size')
     row = dict(config=osp.basename(config), shape=list(shape), amp=amp, dtype=dtype, batch_per_gpu=batch,
                total_batch=total, gpus=(total // batch if total and total % batch == 0 else None), key=key,
                step=step, per_gpu=per_gpu_bytes(step, batch), upper_bound_float32=bool(amp and dtype == 'float32'))
+    if row['gpus'] and row['gpus'] != GPUS:
+        # spread over more GPUs than the recipe's own layout: the step at the recipe's images per GPU says why
+        row['at_recipe_layout'] = dict(gpus=GPUS, batch_per_gpu=total // GPUS,
+                                       per_gpu=per_gpu_bytes(step, total // GPUS))
+    kept = memory_settings(cfg)
+    if kept:
+        _, without = _step(config, cfg, shape, dtype, cache, {k: MEMORY_SETTINGS[k] for k in kept})
+        row['without'] = dict(settings=', '.join(f'{k}={v!r}' for k, v in kept.items()),
+                              per_gpu=per_gpu_bytes(without, batch))
     if why_float32:
         row['why_float32'] = why_float32
     if check_batch:
@@ -328,16 +336,19 @@ def _gb(n: int) -> str:
 
 
 def markdown_table(rows: Iterable[Dict[str, Any]]) -> str:
-    lines = ['| config | training size | batch / GPU (GPUs) | AMP | params (M) | one image (GB) | per GPU (GB) |',
-             '|---|---|---|---|---|---|---|']
+    lines = ['| config | training size | batch / GPU (GPUs) | AMP | params (M) | one image (GB) | per GPU (GB) | '
+             'per GPU without its memory settings (GB) |',
+             '|---|---|---|---|---|---|---|---|']
     for row in sorted(rows, key=lambda r: r['config']):
         step = row['step']
         one = per_gpu_bytes(step, 1) - step['grads']
         gpus = f" ({row['gpus']})" if row.get('gpus') else ''
         amp = 'float32, upper bound' if row['amp'] else 'no (float32)'
         flag = ' **over 80**' if row['per_gpu'] > LIMIT_GB * GB else ''
+        without = row.get('without')
+        without = f"{_gb(without['per_gpu'])} without {without['settings']}" if without else '-'
         lines.append(f"| {row['config']} | {row['shape'][0]}x{row['shape'][1]} | {row['batch_per_gpu']}{gpus} | "
-                     f"{amp} | {step['params'] / 1e6:.1f} | {_gb(one)} | {_gb(row['per_gpu'])}{flag} |")
+                     f"{amp} | {step['params'] / 1e6:.1f} | {_gb(one)} | {_gb(row['per_gpu'])}{flag} | {without} |")
     return '\n'.join(lines)
 
 

@@ -25,6 +25,7 @@ It is an estimate: what a GPU run measures checks it (``tools/gpu_check.sh run``
     python tools/analysis/roofline.py                        # the T presets, timm's and mmdet's Swin-T
     python tools/analysis/roofline.py rmt_t reswin_t --shape 800 1333 --batch-size 2 --top 10
     python tools/analysis/roofline.py --markdown docs/performance.md
+    python tools/analysis/roofline.py --twins --markdown docs/performance.md         # ReViT family vs twins
     python tools/analysis/roofline.py --beside work_dirs/gpu_check/benchmark.json    # measured vs estimated
 """
 import argparse
@@ -49,9 +50,18 @@ from benchmark import (SUITES, BenchmarkSettings, Workload, _loss_of_outputs, pa
 PEAK_FLOPS = 788e12
 BANDWIDTH = 4.3e12
 LAUNCH = 4e-6
+#: elements a memory-efficient attention mask's rows are aligned to (pytorch/pytorch
+#: aten/src/ATen/native/transformers/attention.cpp, preprocess_mask: mem_eff_alignment)
+MASK_ALIGNMENT = 8
+#: the widest head flash attention takes (its q, k and v of one width); wider or mixed widths take the
+#: memory-efficient kernel (pytorch/pytorch aten/src/ATen/native/transformers/cuda/sdp_utils.cpp)
+FLASH_MAX_HEAD_DIM = 256
 #: the anchors each preset is read beside
 ANCHORS = ('timm.swin_tiny_patch4_window7_224', 'mmdet.SwinTransformer')
 DEFAULT_MODELS = tuple(name for name in SUITES['t-presets'] if not name.startswith('timm.')) + ANCHORS
+#: each ReViT-family preset beside its twin without residual attention: the same network at the same size
+TWINS = (('revit_b', 'timm.vit_base_patch16_224'), ('remvit_t', 'timm.mvitv2_tiny'),
+         ('reswin_t', 'timm.swin_tiny_patch4_window7_224'))
 
 aten = torch.ops.aten
 #: ops autocast runs in bf16 (the CUDA lower-precision list, at the ATen level, forward and backward)
@@ -132,7 +142,9 @@ class CostModel(TorchDispatchMode):
             width = 2
         else:
             read = sum(t.numel() * self._width(t) for t in inputs)
-            width = 4 if packet in FLOAT32 else max((self._width(t) for t in floating), default=4)
+            # type promotion: a 0-d tensor (a gate, a scale) does not widen the dimensioned tensors it meets
+            promoting = [t for t in floating if t.dim() > 0] or floating
+            width = 4 if packet in FLOAT32 else max((self._width(t) for t in promoting), default=4)
         for t in outputs:
             if t.is_floating_point():
                 self.width[t] = width
@@ -141,6 +153,11 @@ class CostModel(TorchDispatchMode):
             flops = _convolution_backward_flops(*args)
         else:
             flops = flop_registry[packet](*args, **kwargs, out_val=out) if packet in flop_registry else 0
+        if packet is aten.baddbmm and kwargs.get('beta', 1) != 0:
+            # out of place, the input is first copied into the result (the shared checks of baddbmm and bmm:
+            # result.copy_(self)), then the product accumulates into it: the product reads the result once more
+            self._kernel('copy_ (baddbmm input)', 0, args[0].numel() * 2 + written)
+            read += written
         self._kernel(str(packet).replace('aten.', ''), int(flops), read + written)
         return out
 
@@ -148,18 +165,27 @@ class CostModel(TorchDispatchMode):
 @contextlib.contextmanager
 def gpu_attention_kernels():
     """``scaled_dot_product_attention`` on the meta device takes the kernels an H200 takes (flash attention, or
-    the memory-efficient kernel where there is a mask), where the meta device alone would take the math path and
-    write the whole score matrix."""
+    the memory-efficient kernel where there is a mask, which reads the mask once, writes the output and its
+    log-sum-exp, and in the backward writes the mask's gradient where the mask needs one), where the meta device
+    alone would take the math path and write the whole score matrix. A mask whose rows are not aligned is padded
+    first, as PyTorch does."""
     sdpa = torch.nn.functional.scaled_dot_product_attention
 
     def on_gpu(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
         if q.device.type != 'meta' or enable_gqa:
             return sdpa(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
                         enable_gqa=enable_gqa)
-        if attn_mask is None:
+        if attn_mask is None and q.shape[-1] == k.shape[-1] == v.shape[-1] <= FLASH_MAX_HEAD_DIM:
             return aten._scaled_dot_product_flash_attention(q, k, v, dropout_p, is_causal, scale=scale)[0]
+        if attn_mask is None:
+            return aten._scaled_dot_product_efficient_attention(q, k, v, None, q.requires_grad, dropout_p, is_causal,
+                                                                scale=scale)[0]
         if attn_mask.dtype == torch.bool:
             attn_mask = torch.zeros(attn_mask.shape, dtype=q.dtype, device=q.device)
+        if attn_mask.stride(-1) != 1 or any(s % MASK_ALIGNMENT for s in attn_mask.stride()[:-1]):
+            # PyTorch pads a mask whose rows do not start on an aligned address before the kernel reads it (a copy)
+            length = attn_mask.shape[-1]
+            attn_mask = torch.nn.functional.pad(attn_mask, (0, MASK_ALIGNMENT - length % MASK_ALIGNMENT))[..., :length]
         bias = attn_mask.expand(*q.shape[:-2], q.shape[-2], k.shape[-2])
         return aten._scaled_dot_product_efficient_attention(q, k, v, bias, q.requires_grad, dropout_p, is_causal,
                                                             scale=scale)[0]
@@ -170,12 +196,14 @@ def gpu_attention_kernels():
         torch.nn.functional.scaled_dot_product_attention = sdpa
 
 
-def step_cost(name: str, shape: Sequence[int] = (800, 1333), batch_size: int = 2) -> Dict[str, Any]:
+def step_cost(name: str, shape: Sequence[int] = (800, 1333), batch_size: int = 2,
+              options: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """The cost model of a training step (forward + backward, bf16 autocast) of the backbone ``name`` (a preset, a
-    registry type or ``timm.NAME``, as ``benchmark.py`` names them) at ``shape`` and ``batch_size``."""
+    registry type or ``timm.NAME``, as ``benchmark.py`` names them) at ``shape`` and ``batch_size``; ``options`` go
+    into the backbone's config (e.g. ``fused_attn=False``)."""
     settings = BenchmarkSettings(shape=tuple(shape), batch_size=batch_size, device='meta', warmup=0, repeats=1)
     with contextlib.redirect_stdout(sys.stderr):
-        workload = Workload(parse_spec(name), settings)
+        workload = Workload(parse_spec(name, options=dict(options or {})), settings)
     model = workload.model
     model.train()  # mmdet's SwinTransformer.train returns None
     parameters = list(model.parameters())
@@ -217,6 +245,26 @@ def markdown_table(rows: Sequence[Dict[str, Any]], top: int = 3) -> str:
     return '\n'.join(lines)
 
 
+def twin_rows(shape: Sequence[int] = (800, 1333), batch_size: int = 2) -> List[Dict[str, Any]]:
+    """Each of :data:`TWINS`: the preset's step, its twin's and their ratio."""
+    rows = []
+    for name, twin in TWINS:
+        ours, theirs = step_cost(name, shape, batch_size), step_cost(twin, shape, batch_size)
+        rows.append(dict(model=name, twin=twin, ms=ours['seconds'] * 1e3, twin_ms=theirs['seconds'] * 1e3,
+                         ratio=ours['seconds'] / theirs['seconds'], top=ours['top']))
+    return rows
+
+
+def twin_table(rows: Sequence[Dict[str, Any]], top: int = 3) -> str:
+    lines = ['| backbone | step (ms, estimate) | twin without residual attention | its step (ms) | ratio | '
+             f'the {top} ops that cost most (share of the step) |', '|---|---|---|---|---|---|']
+    for row in rows:
+        ops = ', '.join(f"{t['op']} {t['share']:.0%}" for t in row['top'][:top])
+        lines.append(f"| {row['model']} | {row['ms']:.1f} | {row['twin']} | {row['twin_ms']:.1f} | "
+                     f"{row['ratio']:.2f} | {ops} |")
+    return '\n'.join(lines)
+
+
 def beside_benchmark(report: Dict[str, Any]) -> List[Dict[str, Any]]:
     """For each model of a ``benchmark.py`` report that measured a train step: the measured median, the cost
     model's estimate at the report's shape and batch, and their ratio."""
@@ -226,7 +274,8 @@ def beside_benchmark(report: Dict[str, Any]) -> List[Dict[str, Any]]:
         measured = ((model.get('train') or {}).get('time_ms') or {}).get('median')
         if measured is None:
             continue
-        estimate = step_cost(model['spec']['source'], settings['shape'], settings['batch_size'])
+        estimate = step_cost(model['spec']['source'], settings['shape'], settings['batch_size'],
+                             model['spec'].get('options'))
         rows.append(dict(model=model['name'], device=report['machine'].get('device'), dtype=settings['dtype'],
                          measured_ms=measured, estimate_ms=estimate['seconds'] * 1e3,
                          measured_over_estimate=measured / (estimate['seconds'] * 1e3)))
@@ -242,6 +291,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument('--top', type=int, default=10, help='ops listed per model (default 10)')
     parser.add_argument('--out', help='JSON of the rows')
     parser.add_argument('--markdown', help='a page with the roofline markers to write the table into')
+    parser.add_argument('--twins', action='store_true',
+                        help='the ReViT-family presets beside their twins without residual attention (timm ViT-B '
+                        'with all 12 blocks, timm MViTv2-T, timm Swin-T)')
     parser.add_argument('--beside', metavar='BENCHMARK_JSON',
                         help="the estimates beside a benchmark.py report's measured train steps (its shape, batch)")
     args = parser.parse_args(argv)
@@ -253,6 +305,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if args.out:
             with open(args.out, 'w') as f:
                 json.dump(rows, f, indent=1)
+        return 0
+    command = 'tools/analysis/roofline.py ' + ' '.join(argv if argv is not None else sys.argv[1:])
+    if args.twins:
+        rows = twin_rows(args.shape, args.batch_size)
+        for row in rows:
+            print(json.dumps({k: v for k, v in row.items() if k != 'top'}), flush=True)
+        print(twin_table(rows))
+        if args.markdown:
+            write_between_markers(args.markdown, 'roofline-twins',
+                                  f'<!-- written by {command} -->\n{twin_table(rows)}')
         return 0
     rows = []
     for name in args.models or DEFAULT_MODELS:
@@ -268,7 +330,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         with open(args.out, 'w') as f:
             json.dump(dict(peak_flops=PEAK_FLOPS, bandwidth=BANDWIDTH, launch=LAUNCH, rows=rows), f, indent=1)
     if args.markdown:
-        command = 'tools/analysis/roofline.py ' + ' '.join(argv if argv is not None else sys.argv[1:])
         write_between_markers(args.markdown, 'roofline', f'<!-- written by {command} -->\n{markdown_table(rows)}')
     return 0
 

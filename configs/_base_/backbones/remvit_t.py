@@ -3,8 +3,6 @@
 # Official ImageNet weights: Google Drive only, follow the ReMViTv2-T link in the README of
 # https://github.com/ADiko1997/ReViT and save the file here. The official MViTv2-T weights (.pyth) also work as an
 # init (alpha then starts from its default).
-# score_memory='handoff': blocks attend by row chunks and hand their scores on already shrunk instead of keeping
-# their maps, which cuts the training peak at detection sizes (docs/performance.md); the values are the reference's.
 _base_ = ['./_remvit.py']
 pretrained = 'checkpoints/remvitv2_t.pth'
 pretrained_source = ('the ReMViTv2-T link (Google Drive) in the README of https://github.com/ADiko1997/ReViT; the '
@@ -15,6 +13,5 @@ pretrained_source = ('the ReMViTv2-T link (Google Drive) in the README of https:
 pretrained_gdown = '1cBUzW7wJ1GUpd1CEgL_cSGd26b4s7U4d'
 preset = dict(
     name='ReMViTv2-T',
-    backbone=dict(type='ReMViTv2', arch='t', residual_mode='aligned', score_memory='handoff',
-                  init_cfg=dict(type='Pretrained', checkpoint=pretrained)),
+    backbone=dict(type='ReMViTv2', arch='t', init_cfg=dict(type='Pretrained', checkpoint=pretrained)),
     cls=dict(drop_path_rate=0.1))

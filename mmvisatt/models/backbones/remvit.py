@@ -1,7 +1,7 @@
 """ReMViTv2: MViTv2 with attention residual connections (Diko et al., arXiv 2402.11301).
 
 Every block pools its queries and keys/values (MViTv2) and mixes its pre-softmax scores with the previous block's,
-brought onto its own query and key grids first (``residual_mode``). The block and its attention are shared with
+brought onto its own query and key grids first. The block and its attention are shared with
 ReViT (:mod:`mmvisatt.models.layers.pooling_attention`). Stage, backbone, then the checkpoint converter.
 """
 import re
@@ -13,10 +13,11 @@ from timm.layers import trunc_normal_
 from torch import Tensor
 
 from mmvisatt.checkpoint import register_converter
+from ..layers.attention import resolve_fused_attn
 from ..layers.checkpoint import checkpoint
 from ..layers.patch import PatchEmbed
 from ..layers.pooling_attention import PoolingResidualAttention, ResidualAttentionBlock
-from ..layers.residual_attention import POOLED_ALIGNERS, PooledScores, make_alpha
+from ..layers.residual_attention import PooledScores, make_alpha
 from ..layers.score_memory import check_score_memory
 from .base import AttentionBackbone, LayerOrder, drop_path_rates, init_transformer_weights, stage_layer_order
 from .revit import _has_pooling, _head_key
@@ -63,7 +64,7 @@ class ReMViTv2(AttentionBackbone):
 
     Every block pools its queries (at stride 2 in the first block of stages 2-4, else 1) and its keys/values
     (at the adaptive stride) with depthwise convolutions; the residual scores are brought onto each block's
-    query and key grids before the mix (``residual_mode``, see ``docs/residual_attention.md``). The outputs are
+    query and key grids by image position before the mix (``docs/residual_attention.md``). The outputs are
     the last block of each stage through its own LayerNorm ``norm{i}``; ``norm3`` is MViTv2's final norm.
 
     Args:
@@ -77,17 +78,15 @@ class ReMViTv2(AttentionBackbone):
         q_stride: query stride of the first block of every stage after the first.
         adaptive_kv_stride: key/value stride of the first stage; divided by each query stride (at least 1).
         rel_pos: decomposed relative positions. residual_pooling: add the pooled query to the attention output.
-        residual_mode: ``'aligned'`` (default) resamples the carried scores on the real (H, W) query and key
-            grids by their strides, for any input size; ``'official'`` reproduces ADiko1997/ReViT
-            ``model/attention.py`` (square-grid logic), which only runs on square maps with sides divisible by
-            the strides. Both give the same result there, e.g. at 224x224.
         alpha_init, learnable_alpha: the residual gate (a constant when not learnable).
         score_memory: how the blocks keep their score maps (:mod:`~mmvisatt.models.layers.score_memory`):
             ``'full'`` (default), the reference; ``'handoff'``, row chunks recomputed in the backward, and blocks
             whose scores the next block shrinks (pools their queries or keys, or averages their heads) hand them
-            on shrunk, so only the carried maps are kept (``residual_mode='aligned'`` only). The dense and
-            ImageNet configs set ``'handoff'`` (their training peaks: docs/performance.md). Values equal the
+            on shrunk, so only the carried maps are kept. The dense and ImageNet configs set ``'handoff'``: their
+            training peaks (docs/benchmarks.md, Memory per GPU) are over 80 GB without it. Values equal the
             reference's up to rounding.
+        fused_attn: ``scaled_dot_product_attention`` with the carried scores as its bias (True), or the explicit
+            softmax (False, the reference the parity fixtures check); None takes timm's global setting.
         out_indices, frozen_stages, norm_eval, with_cp, drop_path_rate, init_cfg: as in ReSwinTransformer.
     """
     arch_zoo = {
@@ -103,15 +102,14 @@ class ReMViTv2(AttentionBackbone):
                  patch_cfg: Optional[dict] = None, mlp_ratio: float = 4., qkv_bias: bool = True,
                  pool_kernel: Union[int, Sequence[int]] = 3, q_stride: Union[int, Sequence[int]] = 2,
                  adaptive_kv_stride: Union[int, Sequence[int]] = 4, rel_pos: bool = True,
-                 residual_pooling: bool = True, drop_path_rate: float = 0.1, residual_mode: str = 'aligned',
-                 alpha_init: float = 0.5, learnable_alpha: bool = True, out_indices: Sequence[int] = (0, 1, 2, 3),
+                 residual_pooling: bool = True, drop_path_rate: float = 0.1, alpha_init: float = 0.5,
+                 learnable_alpha: bool = True, out_indices: Sequence[int] = (0, 1, 2, 3),
                  frozen_stages: int = -1, norm_eval: bool = False, with_cp: bool = False, score_memory: str = 'full',
-                 init_cfg: Optional[dict] = None):
+                 fused_attn: Optional[bool] = None, init_cfg: Optional[dict] = None):
         super().__init__(init_cfg=init_cfg)
         arch = self._resolve_arch(arch)
+        self.fused_attn = resolve_fused_attn(fused_attn)
         self.score_memory = check_score_memory(score_memory, ('full', 'handoff'), type(self).__name__)
-        if residual_mode not in POOLED_ALIGNERS:
-            raise ValueError(f"residual_mode must be one of {sorted(POOLED_ALIGNERS)}, got '{residual_mode}'")
         depths = tuple(arch['depths'])
         num_stages = len(depths)
         dims = _per_stage(arch['embed_dims'], num_stages, 'embed_dims')
@@ -121,7 +119,6 @@ class ReMViTv2(AttentionBackbone):
         patch = {**dict(kernel_size=7, stride=4, padding=3), **(patch_cfg or {})}
         self._set_interface(in_channels, out_indices, num_stages, frozen_stages, norm_eval)
         self.patch_size = patch['stride']
-        self.residual_mode = residual_mode
         self.num_features = list(dims)
 
         self.patch_embed = PatchEmbed(in_channels, dims[0], patch['kernel_size'], patch['stride'],
@@ -149,8 +146,8 @@ class ReMViTv2(AttentionBackbone):
             blocks[stage].append(
                 ResidualAttentionBlock(in_dim, mlp_ratio=mlp_ratio, drop_path=rates[n], qkv_bias=qkv_bias,
                                        pool_kernel=_pair(pool_kernel), residual_pooling=residual_pooling,
-                                       residual_mode=residual_mode, score_memory=score_memory,
-                                       next_block=next_block, **block))
+                                       score_memory=score_memory,
+                                       fused=self.fused_attn, next_block=next_block, **block))
             in_dim = block['dim_out']
         self.stages = nn.ModuleList(ReMViTStage(b, with_cp) for b in blocks)
         for i in self.out_indices:

@@ -15,44 +15,38 @@ from torch import Tensor
 
 from mmvisatt.checkpoint import CheckpointMismatchError, register_converter
 from mmvisatt.checkpoint.loading import abbreviate
+from ..layers.attention import resolve_fused_attn
 from ..layers.checkpoint import checkpoint
 from ..layers.patch import PatchEmbed, PatchMerging
-from ..layers.residual_attention import ALIGNERS, WindowScores, make_alpha, mix_scores
+from ..layers.residual_attention import ALIGNERS, WindowScores, make_alpha, residual_attention
 from ..layers.window import WindowAttention, WindowGrid, merge_windows, partition_windows, window_attention_mask
 from .base import AttentionBackbone, LayerOrder, drop_path_rates, init_transformer_weights, stage_layer_order
 
 
 class WindowResidualAttention(WindowAttention):
-    """Window multi-head self-attention whose scores are mixed with the previous layer's.
-
-    There is no fused (scaled_dot_product_attention) path: the mixed scores are carried to the next layer, so
-    they are materialised whatever kernel attends with them.
-    """
-
-    def __init__(self, dim: int, num_heads: int, window_size: int, qkv_bias: bool = True,
-                 attn_drop: float = 0., proj_drop: float = 0.):
-        super().__init__(dim, num_heads, window_size, qkv_bias=qkv_bias, attn_drop=attn_drop, proj_drop=proj_drop,
-                         fused=False)
-        self.scale = (dim // num_heads) ** -0.5
+    """Window multi-head self-attention whose scores are mixed with the previous layer's
+    (:func:`~mmvisatt.models.layers.residual_attention.residual_attention`, ``fused`` choosing its path)."""
 
     def forward(self, x: Tensor, num_windows: int, mask: Optional[Tensor] = None,
                 residual: Optional[Tensor] = None, residual_valid: Optional[Tensor] = None,
                 alpha: Union[Tensor, float] = 0.5) -> Tuple[Tensor, Tensor]:
-        """x: (B * num_windows, N, C); mask: (num_windows, N, N); residual: (B * num_windows, heads or 1, N, N).
+        """x: (B * num_windows, N, C); mask: (num_windows, N, N); residual: (B * num_windows, heads or 1, N, N);
+        residual_valid: (num_windows, N, N) or None for all pairs.
 
         Returns the output (B * num_windows, N, C) and the mixed pre-mask scores to carry on.
         """
         BW, N, C = x.shape
-        q, k, v = self.qkv(x).reshape(BW, N, 3, self.num_heads, C // self.num_heads).permute(2, 0, 3, 1, 4)
-        scores = (q * self.scale) @ k.transpose(-2, -1) + self.relative_position_bias()
-        scores = mix_scores(scores, residual, residual_valid, alpha, num_windows)
-        attn = scores
-        if mask is not None:
-            # the residual never carries the mask: each layer masks by its own partition
-            attn = (scores.unflatten(0, (-1, num_windows)) + mask[None, :, None]).flatten(0, 1)
-        attn = self.attn_drop(attn.softmax(dim=-1))
-        x = (attn @ v).transpose(1, 2).reshape(BW, N, C)
-        return self.proj_drop(self.proj(x)), scores
+        h = self.num_heads
+        # (B, num_windows, heads, N, d): the per-window mask and validity broadcast over images and heads
+        q, k, v = self.qkv(x).reshape(-1, num_windows, N, 3, h, C // h).permute(3, 0, 1, 4, 2, 5)
+        prev = None if residual is None else residual.unflatten(0, (-1, num_windows))
+        out, scores = residual_attention(
+            q, k, v, prev, alpha, scale=(C // h) ** -0.5, bias=self.relative_position_bias(),
+            valid=None if residual_valid is None else residual_valid[:, None],
+            mask=None if mask is None else mask[:, None], dropout=self.attn_drop.p if self.training else 0.,
+            fused=self.fused)
+        x = out.transpose(2, 3).reshape(BW, N, C)
+        return self.proj_drop(self.proj(x)), scores.flatten(0, 1)
 
 
 class ReSwinBlock(nn.Module):
@@ -60,14 +54,14 @@ class ReSwinBlock(nn.Module):
 
     def __init__(self, dim: int, num_heads: int, *, window_size: int = 7, shifted: bool = False,
                  mlp_ratio: float = 4., qkv_bias: bool = True, drop: float = 0., attn_drop: float = 0.,
-                 drop_path: float = 0., residual_mode: str = 'aligned'):
+                 drop_path: float = 0., residual_mode: str = 'aligned', fused: bool = True):
         super().__init__()
         self.window_size = window_size
         self.shift = window_size // 2 if shifted else 0
         self.align = ALIGNERS[residual_mode]
         self.norm1 = nn.LayerNorm(dim)
         self.attn = WindowResidualAttention(dim, num_heads, window_size, qkv_bias=qkv_bias, attn_drop=attn_drop,
-                                            proj_drop=drop)
+                                            proj_drop=drop, fused=fused)
         self.drop_path = DropPath(drop_path) if drop_path > 0. else nn.Identity()
         self.norm2 = nn.LayerNorm(dim)
         self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer=nn.GELU, drop=drop)
@@ -132,6 +126,9 @@ class ReSwinTransformer(AttentionBackbone):
             without gradients; -1 freezes nothing, 0 only the patch embedding.
         norm_eval: keep normalisation layers in eval mode while training (only matters for BatchNorm).
         with_cp: activation checkpointing per block.
+        fused_attn: ``scaled_dot_product_attention`` with the carried scores as its bias (True), or the explicit
+            softmax (False, the reference the parity fixtures check); None takes timm's global setting. Where
+            ``'aligned'`` mixes only the pairs the previous partition scored, both compute the mix explicitly.
     """
     arch_zoo: Dict[str, dict] = {
         't': dict(embed_dims=96, depths=(2, 2, 6, 2), num_heads=(3, 6, 12, 24), residual_mode='official'),
@@ -149,7 +146,8 @@ class ReSwinTransformer(AttentionBackbone):
                  window_size: int = 7, mlp_ratio: float = 4., qkv_bias: bool = True, drop_rate: float = 0.,
                  attn_drop_rate: float = 0., drop_path_rate: float = 0.1, residual_mode: Optional[str] = None,
                  alpha_init: float = 0.5, out_indices: Sequence[int] = (0, 1, 2, 3), frozen_stages: int = -1,
-                 norm_eval: bool = False, with_cp: bool = False, init_cfg: Optional[dict] = None):
+                 norm_eval: bool = False, with_cp: bool = False, fused_attn: Optional[bool] = None,
+                 init_cfg: Optional[dict] = None):
         super().__init__(init_cfg=init_cfg)
         arch = self._resolve_arch(arch)
         if residual_mode is None:
@@ -161,6 +159,7 @@ class ReSwinTransformer(AttentionBackbone):
         self._set_interface(in_channels, out_indices, num_stages, frozen_stages, norm_eval)
         self.patch_size = patch_size
         self.residual_mode = residual_mode
+        self.fused_attn = resolve_fused_attn(fused_attn)
         self.num_features = [arch['embed_dims'] * 2 ** i for i in range(num_stages)]
 
         self.patch_embed = PatchEmbed(in_channels, arch['embed_dims'], patch_size)
@@ -175,7 +174,7 @@ class ReSwinTransformer(AttentionBackbone):
                 ReSwinStage(self.num_features[max(i - 1, 0)], self.num_features[i], depths[i], heads[i],
                             downsample=i > 0, drop_path=rates[start:start + depths[i]], with_cp=with_cp,
                             window_size=window_size, mlp_ratio=mlp_ratio, qkv_bias=qkv_bias, drop=drop_rate,
-                            attn_drop=attn_drop_rate, residual_mode=residual_mode))
+                            attn_drop=attn_drop_rate, residual_mode=residual_mode, fused=self.fused_attn))
         for i in self.out_indices:
             self.add_module(f'norm{i}', nn.LayerNorm(self.num_features[i]))
         self._freeze_stages()

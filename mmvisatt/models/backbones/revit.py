@@ -17,6 +17,7 @@ from timm.layers import trunc_normal_
 from torch import Tensor
 
 from mmvisatt.checkpoint import register_converter
+from ..layers.attention import resolve_fused_attn
 from ..layers.checkpoint import checkpoint
 from ..layers.patch import PatchEmbed
 from ..layers.pooling_attention import ResidualAttentionBlock
@@ -54,6 +55,8 @@ class ReViT(AttentionBackbone):
             widen the score product by ``head_dim`` per block. The maps are block outputs, so ``with_cp`` cannot
             drop them; at detection sizes they are most of ReViT-B's training memory. Values equal the reference's
             up to rounding.
+        fused_attn: ``scaled_dot_product_attention`` with the carried scores as its bias (True), or the explicit
+            softmax (False, the reference the parity fixtures check); None takes timm's global setting.
         fold_every: with ``'factors'``, fold them into one stored score map every ``fold_every`` blocks (the
             folding block makes its map anyway), which bounds the product's width; None never stores a map
             (least memory, most compute).
@@ -72,10 +75,11 @@ class ReViT(AttentionBackbone):
                  patch_size: int = 16, mlp_ratio: float = 4., qkv_bias: bool = True, drop_path_rate: float = 0.1,
                  alpha_init: float = 0.5, learnable_alpha: bool = True, out_indices: Sequence[int] = (0, 1, 2, 3),
                  frozen_stages: int = -1, norm_eval: bool = False, with_cp: bool = False, score_memory: str = 'full',
-                 fold_every: Optional[int] = 3, init_cfg: Optional[dict] = None):
+                 fused_attn: Optional[bool] = None, fold_every: Optional[int] = 3, init_cfg: Optional[dict] = None):
         super().__init__(init_cfg=init_cfg)
         arch = self._resolve_arch(arch)
         dim, depth = arch['embed_dims'], arch['depth']
+        self.fused_attn = resolve_fused_attn(fused_attn)
         self.score_memory = check_score_memory(score_memory, ('full', 'factors'), type(self).__name__)
         if fold_every is not None and fold_every < 1:
             raise ValueError(f'fold_every must be a positive number of blocks, or None never to fold, got '
@@ -92,7 +96,8 @@ class ReViT(AttentionBackbone):
         rates = drop_path_rates(drop_path_rate, depth)
         self.blocks = nn.ModuleList([
             ResidualAttentionBlock(dim, dim, arch['num_heads'], mlp_ratio=mlp_ratio, qkv_bias=qkv_bias,
-                                   drop_path=rates[i], score_memory=score_memory) for i in range(depth)
+                                   drop_path=rates[i], score_memory=score_memory, fused=self.fused_attn)
+            for i in range(depth)
         ])
         self.pyramid = SimpleFeaturePyramid(dim, self.out_indices)
         self.num_features = self.pyramid.out_channels

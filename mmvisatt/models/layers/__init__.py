@@ -5,7 +5,7 @@ from .checkpoint import checkpoint, checkpoint_seq
 from .patch import PatchEmbed, PatchMerging, map_to_tokens, tokens_to_map
 from .pooling_attention import PoolingResidualAttention, ResidualAttentionBlock, relative_position_embeddings
 from .residual_attention import (PooledScores, ScoreFactors, TokenGrid, WindowScores, align_by_position, align_by_slot,
-                                 align_pooled_by_position, align_pooled_official, make_alpha, mix_scores,
+                                 align_pooled_by_position, make_alpha,
                                  regrid_by_position, residual_attention)
 from .score_memory import RowChunkAttention, ScoreReduction, score_chunk_numel, set_score_chunk_numel
 from .retentive import ConvDownsample, ConvFFN, ConvStem, RetentiveBlock
@@ -21,7 +21,7 @@ __all__ = [
     'TokenAttention', 'channel_gate', 'checkpoint', 'checkpoint_seq', 'PatchEmbed', 'PatchMerging', 'map_to_tokens',
     'tokens_to_map', 'PoolingResidualAttention', 'ResidualAttentionBlock', 'relative_position_embeddings',
     'PooledScores', 'ScoreFactors', 'TokenGrid', 'WindowScores', 'align_by_position', 'align_by_slot',
-    'align_pooled_by_position', 'align_pooled_official', 'make_alpha', 'mix_scores', 'regrid_by_position',
+    'align_pooled_by_position', 'make_alpha', 'regrid_by_position',
     'residual_attention', 'RowChunkAttention', 'ScoreReduction', 'score_chunk_numel', 'set_score_chunk_numel',
     'ConvDownsample', 'ConvFFN', 'ConvStem', 'RetentiveBlock', 'HeadGroupKV', 'ShuntedAttention',
     'SimpleFeaturePyramid', 'SpatialDecay', 'TokenGroups', 'decay_bias', 'grid_distance', 'group_bias',

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from timm.layers import DropPath, Mlp
 from torch import Tensor
 
-from .residual_attention import POOLED_ALIGNERS, PooledScores, ScoreFactors, TokenGrid, residual_attention
+from .residual_attention import PooledScores, ScoreFactors, TokenGrid, align_pooled_by_position, residual_attention
 from .score_memory import SCORE_MEMORY, ScoreReduction, check_score_memory, chunked_attention, factored_attention
 
 Pair = Tuple[int, int]
@@ -60,8 +60,9 @@ def decomposed_rel_pos_terms(q: Tensor, q_size: Pair, kv_size: Pair, rel_pos_h: 
 class PoolingResidualAttention(nn.Module):
     """Multi-head attention over pooled queries and keys/values whose scores are mixed with the previous layer's.
 
-    There is no fused (``scaled_dot_product_attention``) path: every block hands its score map to the next one,
-    so the map is made whatever kernel attends with it. ``score_memory`` chooses how the map is kept instead.
+    ``fused`` attends with ``scaled_dot_product_attention`` and the carried scores as its bias, ``False`` with the
+    explicit softmax (:func:`~.residual_attention.residual_attention`); ``score_memory`` chooses how the maps are
+    kept.
 
     Args:
         dim: input channels. dim_out: output channels (MViTv2 changes the width inside attention).
@@ -72,29 +73,23 @@ class PoolingResidualAttention(nn.Module):
         rel_pos_size: length of the decomposed relative-position tables (``2 * max(q, kv map side) - 1`` at the
             build resolution), or None for none.
         residual_pooling: add the pooled query to the attention output (MViTv2).
-        residual_mode: how the previous layer's scores are brought onto this layer's grids, see
-            :data:`~mmvisatt.models.layers.residual_attention.POOLED_ALIGNERS`.
-        score_memory: ``'full'``, ``'handoff'`` or ``'factors'`` (:mod:`.score_memory`). ``'handoff'`` needs
-            ``residual_mode='aligned'``; ``'factors'`` needs unpooled blocks without relative positions.
+        score_memory: ``'full'``, ``'handoff'`` or ``'factors'`` (:mod:`.score_memory`); ``'factors'`` needs
+            unpooled blocks without relative positions.
         next_block: the next block's query stride, key/value stride and heads (None for the last block): what
             ``'handoff'`` may shrink before handing the scores on.
+        fused: the fused path (True) or the explicit reference (False).
     """
 
     def __init__(self, dim: int, dim_out: int, num_heads: int, *, qkv_bias: bool = True,
                  pool_kernel: Optional[Pair] = None, stride_q: Pair = (1, 1), stride_kv: Pair = (1, 1),
-                 rel_pos_size: Optional[int] = None, residual_pooling: bool = False, residual_mode: str = 'aligned',
-                 norm_eps: float = 1e-6, score_memory: str = 'full',
-                 next_block: Optional[Tuple[Pair, Pair, int]] = None):
+                 rel_pos_size: Optional[int] = None, residual_pooling: bool = False, norm_eps: float = 1e-6,
+                 score_memory: str = 'full', next_block: Optional[Tuple[Pair, Pair, int]] = None, fused: bool = True):
         super().__init__()
-        if residual_mode not in POOLED_ALIGNERS:
-            raise ValueError(f"residual_mode must be one of {sorted(POOLED_ALIGNERS)}, got '{residual_mode}'")
         self.score_memory = check_score_memory(score_memory, SCORE_MEMORY, type(self).__name__)
-        if score_memory == 'handoff' and residual_mode != 'aligned':
-            raise ValueError("score_memory='handoff' shrinks the scores as residual_mode='aligned' aligns them; "
-                             "the official alignment keeps score_memory='full'")
         if score_memory == 'factors' and (pool_kernel is not None or rel_pos_size is not None):
             raise ValueError("score_memory='factors' needs attention without pooling and relative positions (plain "
                              "ViT blocks, as in ReViT); MViTv2 blocks take 'full' or 'handoff'")
+        self.fused = fused
         self.num_heads = num_heads
         self.dim_out = dim_out
         head_dim = dim_out // num_heads
@@ -102,7 +97,8 @@ class PoolingResidualAttention(nn.Module):
         self.stride_q = tuple(stride_q)
         self.stride_kv = tuple(stride_kv)
         self.residual_pooling = residual_pooling
-        self.align = POOLED_ALIGNERS[residual_mode]
+        # how the previous scores reach this block's grids (the parity builder puts the official code's here)
+        self.align = align_pooled_by_position
         self.next_block = next_block
         self.qkv = nn.Linear(dim, dim_out * 3, bias=qkv_bias)
         self.proj = nn.Linear(dim_out, dim_out)
@@ -142,7 +138,7 @@ class PoolingResidualAttention(nn.Module):
         # matmul over the permuted projection copies its operands in every product once B > 1.
         q, k, v = self.qkv(x).reshape(B, H * W, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4).contiguous()
         if self.score_memory == 'factors':
-            x, carried = factored_attention(q * self.scale, k, v, (H, W), residual, alpha)
+            x, carried = factored_attention(q * self.scale, k, v, (H, W), residual, alpha, self.fused)
             q_size = (H, W)
         else:
             q, q_size = self._pool(q, (H, W), self.pool_q, self.norm_q)
@@ -166,7 +162,8 @@ class PoolingResidualAttention(nn.Module):
             rel_h, rel_w = decomposed_rel_pos_terms(q, q_size, kv_size, self.rel_pos_h, self.rel_pos_w)
         if self.score_memory == 'full':
             prev = None if residual is None else self.align(residual, q_grid, kv_grid, self.num_heads)
-            x, scores = residual_attention(q * self.scale, k, v, prev, alpha, None, rel_h, rel_w)
+            x, scores = residual_attention(q, k, v, prev, alpha, scale=self.scale,
+                                           rel=None if rel_h is None else (rel_h, rel_w), fused=self.fused)
             return x, PooledScores(scores, q_grid, kv_grid)
         prev = prev_kv_grid = None
         if residual is not None and residual.q_grid == q_grid and residual.scores.shape[1] in (1, self.num_heads):
@@ -177,7 +174,7 @@ class PoolingResidualAttention(nn.Module):
             prev = self.align(residual, q_grid, kv_grid, self.num_heads)
         reduction = ScoreReduction.plan(q_grid, kv_grid, self.num_heads, self.next_block)
         x, scores = chunked_attention(q * self.scale, k, v, prev, alpha, rel_h, rel_w, reduction, kv_grid,
-                                      prev_kv_grid)
+                                      prev_kv_grid, self.fused)
         if reduction.shrinks:
             return x, PooledScores(scores, reduction.q_grid, reduction.kv_grid, q_grid)
         return x, PooledScores(scores, q_grid, kv_grid)

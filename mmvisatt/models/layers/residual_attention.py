@@ -14,12 +14,11 @@ previous layer's *mixed* score tensor, so the carried state is a moving average 
 
 Pooling attention (MViTv2, and plain ViT as its unpooled case) scores all queries against all keys, but the query
 and key/value maps are pooled to strides that change from block to block, so ``S_{l-1}`` lives on other grids:
-
-* :func:`align_pooled_official` reproduces the official ReMViTv2 code (square-grid ``sqrt`` logic);
-* :func:`align_pooled_by_position` resamples the query and key axes on their real (H, W) grids by the ratio of
-  their strides. It gives the official numbers wherever the official code runs and extends it to any map size.
+:func:`align_pooled_by_position` resamples the query and key axes on their real (H, W) grids by the ratio of their
+strides. It gives the official ReMViTv2 numbers wherever the official code runs (square maps whose sides divide by
+the strides; its square-grid logic is reproduced on the test side, :mod:`mmvisatt.testing.parity.revit`) and extends
+it to any map size.
 """
-import math
 from typing import Callable, NamedTuple, Optional, Tuple, Union
 
 import torch
@@ -27,6 +26,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
+from .attention import attention
 from .shape_cache import shape_cache
 from .window import WindowGrid, window_slot_of, window_token_coords
 
@@ -144,58 +144,126 @@ def _take(scores: Tensor, index: Tensor) -> Tensor:
     return torch.gather(scores, 2, index.long().expand(scores.shape[0], scores.shape[1], -1))
 
 
-def _add_residual_(scores: Tensor, residual: Tensor, alpha: Union[Tensor, float],
-                   residual_weight: Union[Tensor, float, None]) -> Tensor:
-    """``scores += weight * residual`` in place, without a score-sized temporary; ``weight`` is
-    ``residual_weight``, or ``1 - alpha`` where that is None."""
-    weight = 1 - alpha if residual_weight is None else residual_weight
+def gate(alpha: Union[Tensor, float]) -> Union[Tensor, float]:
+    """The residual gate as a 0-d tensor (or the float it is): a 0-d factor keeps a bf16 score map in bf16 under
+    autocast, where the parameter's (1,) shape would promote every map it scales to float32."""
+    return alpha.reshape(()) if isinstance(alpha, Tensor) else alpha
+
+
+def _add_residual(base: Tensor, residual: Tensor, weight: Union[Tensor, float], inplace: bool = False) -> Tensor:
+    """``base + weight * residual`` in one pass: in place into ``base`` (no score-sized temporary), or into a new
+    tensor with ``base`` broadcast to the residual."""
     if isinstance(weight, Tensor):
-        return scores.addcmul_(weight, residual)
-    return scores.add_(residual, alpha=weight)
+        return base.addcmul_(weight, residual) if inplace else torch.addcmul(base, residual, weight)
+    return base.add_(residual, alpha=weight) if inplace else torch.add(base, residual, alpha=weight)
 
 
-def mix_scores(scores: Tensor, residual: Optional[Tensor], valid: Optional[Tensor], alpha: Union[Tensor, float],
-               num_windows: int = 1, residual_weight: Union[Tensor, float, None] = None) -> Tensor:
-    """``alpha * scores + (1 - alpha) * residual`` where the residual is valid, ``scores`` elsewhere.
+def residual_attention(q: Tensor, k: Tensor, v: Tensor, prev: Optional[Tensor] = None,
+                       alpha: Union[Tensor, float] = 1.0, *, scale: float = 1.0, bias: Optional[Tensor] = None,
+                       rel: Optional[Tuple[Tensor, Tensor]] = None, valid: Optional[Tensor] = None,
+                       mask: Optional[Tensor] = None, residual_weight: Union[Tensor, float, None] = None,
+                       dropout: float = 0., fused: bool = False, carry: bool = True) -> Tuple[Tensor, Optional[Tensor]]:
+    """Residual attention (ReViT, ReSwin, ReMViTv2): ``softmax(S + mask) @ v`` and the scores ``S`` carried to the
+    next layer, ``S = alpha * (scale * q k^T + bias) + (1 - alpha) * prev + rel``.
 
-    ``scores`` (B * num_windows, heads, N, N); ``valid`` (num_windows, N, N) or None for all-valid;
-    ``residual_weight`` replaces ``1 - alpha`` (a power of it for a residual several layers back).
+    q: (..., Nq, d); k, v: (..., Nk, d); prev: the previous layer's scores on this layer's token pairs,
+    broadcastable to (..., Nq, Nk), or None in the first layer (then ``S = scale * q k^T + bias + rel``); bias: this
+    layer's own additive term, mixed with the product (Swin's relative-position bias); rel: MViTv2's decomposed
+    relative positions (rel_h (..., Nq, kh), rel_w (..., Nq, kw), Nk = kh * kw), added after the mix on the key grid
+    and so carried on, as the official code adds them in place into the tensor it stores (a family passes ``bias``
+    or ``rel``); valid: where the previous scores exist, broadcastable to the scores, None for everywhere (elsewhere
+    ``S`` is the plain current score); mask: added for the softmax only (Swin's shift mask), never carried;
+    residual_weight: replaces ``1 - alpha`` (a power of it for a residual several layers back); dropout: the
+    probability on the attention weights; carry: False where nothing takes the scores on (the fused path then makes
+    none and returns None for them).
+
+    ``fused=False`` is the reference: the explicit softmax, the oracle the parity fixtures check. ``fused=True``
+    gathers everything but the product into one map, ``D = alpha * bias + (1 - alpha) * prev + rel``, makes the
+    carried map ``S = D + alpha * scale * q k^T`` with the product accumulating into ``D``, and attends with
+    ``scaled_dot_product_attention`` over zero queries with ``S + mask`` as the mask (Swin's windows: over the
+    real queries with ``D + mask``): the memory-efficient kernel reads the map once, keeps no probability map for
+    the backward (only ``S``, which is carried on anyway) and returns the map's gradient. A partial mix (``valid``)
+    weighs the product per pair, which no additive map can express: both paths compute it explicitly. The queries
+    are scaled once, by a 0-d factor, so autograd keeps ``q`` itself for alpha's gradient (a view the caller holds
+    anyway).
     """
-    if residual is None:
-        return scores
-    mixed = _add_residual_(alpha * scores, residual, alpha, residual_weight)
-    if valid is None:
-        return mixed
-    B = scores.shape[0] // num_windows
-    mixed = torch.where(valid[None, :, None], mixed.unflatten(0, (B, num_windows)),
-                        scores.unflatten(0, (B, num_windows)))
-    return mixed.flatten(0, 1)
+    mixing = prev is not None
+    alpha = gate(alpha) if mixing else 1.0
+    weight = 1 - alpha if residual_weight is None else gate(residual_weight)
+    if valid is not None or not fused:
+        return _explicit(q, k, v, prev, alpha, weight, scale, bias, rel, valid, mask, dropout)
+    # one contiguous copy of each strided view (ReSwin's): the product reads q and k as one batch of matrices, and a
+    # view the attention kernel kept would hold the whole projection
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    gain = alpha * scale if mixing else scale
+    # a float gain of 1 (the factored strategy's) leaves the queries as they are: no copy for the kernels to keep
+    q_a = q if isinstance(gain, float) and gain == 1.0 else q * gain
+    k_t, shape = k.transpose(-2, -1), (*q.shape[:-1], k.shape[-2])
+    if bias is not None:
+        # Swin's windows: the kernel copies their 49-wide rows (and a shift mask makes a new map) whatever it reads,
+        # so it attends with the real queries and D as its mask, and the carried map is the product plus D
+        extra = bias * alpha if not mixing else _add_residual(bias * alpha, prev, weight)
+        logits = extra if mask is None else extra + mask.to(extra.dtype)
+        return attention(q_a, k, v, logits, scale=1.0, dropout=dropout), (q_a @ k_t).add_(extra)
+    if rel is not None:
+        rel_h, rel_w = rel
+        grid = rel_h[..., :, None]
+        if mixing:
+            # the residual and both relative-position terms in one pass over the map, and one in place
+            grid = _add_residual(grid, prev.unflatten(-1, (rel_h.shape[-1], rel_w.shape[-1])), weight)
+            scores = (q_a @ k_t).add_(grid.add_(rel_w[..., None, :]).flatten(-2))
+        else:
+            scores = (q_a @ k_t).add_((grid + rel_w[..., None, :]).flatten(-2))
+    elif not carry:
+        # no map to carry: the kernel attends over the real queries with the weighted residual as its mask
+        logits = prev * weight if mixing else None
+        if mask is not None:
+            logits = mask if logits is None else logits + mask.to(logits.dtype)
+        return attention(q_a, k, v, logits, scale=1.0, dropout=dropout), None
+    elif mixing:
+        # the product accumulates in place into the weighted residual, made in the product's batched layout: one
+        # pass over the map, where baddbmm would copy its input first and a view would be rebuilt by autograd
+        scores = (prev.expand(shape).flatten(0, -3) * weight).baddbmm_(q_a.flatten(0, -3), k_t.flatten(0, -3))
+        scores = scores.view(shape)
+    elif mask is None:
+        # nothing to add to the product (a first ViT layer): flash attention, and the product to carry
+        return attention(q_a, k, v, scale=1.0, dropout=dropout), q_a @ k_t
+    else:
+        scores = q_a @ k_t
+    # S is the logits: the kernel attends with zero queries (every q.k is zero, whatever the keys: the real ones,
+    # which the product keeps anyway, where they are as wide as the values) and S as its mask, so it keeps S itself,
+    # the map carried on anyway, for the backward, and the product is made once
+    logits = scores if mask is None else scores + mask.to(scores.dtype)
+    keys = k if k.shape[-1] == v.shape[-1] else torch.zeros_like(v)
+    zeros = q.new_zeros(*shape[:-1], v.shape[-1])
+    return attention(zeros, keys, v, logits, scale=1.0, dropout=dropout), scores
 
 
-def residual_attention(q_s: Tensor, k: Tensor, v: Tensor, prev: Optional[Tensor] = None,
-                       alpha: Union[Tensor, float] = 1.0, residual_weight: Union[Tensor, float, None] = None,
-                       rel_h: Optional[Tensor] = None, rel_w: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
-    """Residual attention over every query/key pair (ReViT, ReMViTv2): ``softmax(S) @ v`` and the scores ``S``
-    carried to the next layer, ``S = alpha * q_s k^T + (1 - alpha) * prev + rel``.
-
-    q_s: (B, heads, Nq, d), already scaled; k, v: (B, heads, Nk, d); prev: the previous layer's scores on this
-    layer's grids, (B, heads or 1, Nq, Nk), or None in the first layer (then ``S = q_s k^T + rel``);
-    ``residual_weight`` replaces ``1 - alpha``; rel_h (B, heads, Nq, kh) and rel_w (B, heads, Nq, kw), with
-    ``Nk = kh * kw``: MViTv2's decomposed relative positions, added after the mix and so carried on (the official
-    code adds them in place into the tensor it stores, which released weights were trained with). Query rows are
-    independent: a slice of the rows of every input gives that slice of the outputs, which the chunked memory
-    strategies (:mod:`.score_memory`) build on.
-    """
-    # alpha scales the queries and the residual goes in place into the fresh product: no score-sized temporary,
-    # and autograd keeps no copy of the product for alpha's gradient. The relative positions are added out of
-    # place: in place into a view of the product, the backward would rebuild the whole product (CopySlices).
-    scores = (q_s if prev is None else q_s * alpha) @ k.transpose(-2, -1)
-    if prev is not None:
-        _add_residual_(scores, prev, alpha, residual_weight)
-    if rel_h is not None:
+def _explicit(q: Tensor, k: Tensor, v: Tensor, prev: Optional[Tensor], alpha: Union[Tensor, float],
+              weight: Union[Tensor, float], scale: float, bias: Optional[Tensor], rel: Optional[Tuple[Tensor, Tensor]],
+              valid: Optional[Tensor], mask: Optional[Tensor], dropout: float) -> Tuple[Tensor, Tensor]:
+    """The reference path of :func:`residual_attention`."""
+    if prev is None or valid is not None:
+        scores = (q * scale) @ k.transpose(-2, -1)
+        if bias is not None:
+            scores = scores + bias
+        if prev is not None:
+            scores = torch.where(valid, _add_residual(alpha * scores, prev, weight, inplace=True), scores)
+    else:
+        # alpha scales the queries and the residual goes in place into the fresh product: no score-sized
+        # temporary, and autograd keeps no copy of the product for alpha's gradient
+        scores = (q * (alpha * scale)) @ k.transpose(-2, -1)
+        if bias is not None:
+            scores = scores + bias * alpha
+        _add_residual(scores, prev, weight, inplace=True)
+    if rel is not None:
+        rel_h, rel_w = rel
         grid = scores.unflatten(-1, (rel_h.shape[-1], rel_w.shape[-1])) + rel_h[..., :, None]
         scores = grid.add_(rel_w[..., None, :]).flatten(-2)
-    return scores.softmax(dim=-1) @ v, scores
+    attn = (scores if mask is None else scores + mask).softmax(dim=-1)
+    if dropout:
+        attn = F.dropout(attn, dropout)
+    return attn @ v, scores
 
 
 ALIGNERS = {'official': align_by_slot, 'aligned': align_by_position}
@@ -261,7 +329,7 @@ class ScoreFactors(NamedTuple):
 GridOp = Callable[[Tensor], Tensor]
 
 
-def _on_query_axis(scores: Tensor, size: Tuple[int, int], op: GridOp) -> Tensor:
+def on_query_axis(scores: Tensor, size: Tuple[int, int], op: GridOp) -> Tensor:
     """Apply ``op`` ((N, C, H, W) -> (N, C, H', W')) to the query grid of (B, h, H*W, Nk) scores."""
     B, h, _, Nk = scores.shape
     # (B * h, H, W, Nk) read as an NCHW map in channels-last memory: the pooling kernels take it as it lies,
@@ -270,13 +338,13 @@ def _on_query_axis(scores: Tensor, size: Tuple[int, int], op: GridOp) -> Tensor:
     return out.permute(0, 2, 3, 1).reshape(B, h, -1, Nk)
 
 
-def _on_key_axis(scores: Tensor, size: Tuple[int, int], op: GridOp) -> Tensor:
+def on_key_axis(scores: Tensor, size: Tuple[int, int], op: GridOp) -> Tensor:
     """Apply ``op`` ((N, C, H, W) -> (N, C, H', W')) to the key grid of (B, h, Nq, H*W) scores."""
     B, h, Nq, _ = scores.shape
     return op(scores.reshape(B * h, Nq, *size)).reshape(B, h, Nq, -1)
 
 
-def _mean_heads_if_changed(scores: Tensor, num_heads: int) -> Tensor:
+def mean_heads_if_changed(scores: Tensor, num_heads: int) -> Tensor:
     # Heads of different widths have no one-to-one correspondence; their mean broadcasts to all new heads.
     # A single head is its own mean: a copy of it would be a score-sized tensor the next pooling saves.
     return scores if scores.shape[1] in (1, num_heads) else scores.mean(dim=1, keepdim=True)
@@ -323,64 +391,12 @@ def align_pooled_by_position(prev: PooledScores, q_grid: TokenGrid, kv_grid: Tok
     Queries and keys are resampled separately on their real (H, W) grids with :func:`regrid_by_position`, so
     non-square maps, odd sizes and any pooling schedule work.
     """
-    scores = _mean_heads_if_changed(prev.scores, num_heads)
+    scores = mean_heads_if_changed(prev.scores, num_heads)
     if prev.q_grid != q_grid:
-        scores = _on_query_axis(scores, prev.q_grid.size, lambda x: regrid_by_position(x, prev.q_grid, q_grid))
+        scores = on_query_axis(scores, prev.q_grid.size, lambda x: regrid_by_position(x, prev.q_grid, q_grid))
     if prev.kv_grid != kv_grid:
-        scores = _on_key_axis(scores, prev.kv_grid.size, lambda x: regrid_by_position(x, prev.kv_grid, kv_grid))
+        scores = on_key_axis(scores, prev.kv_grid.size, lambda x: regrid_by_position(x, prev.kv_grid, kv_grid))
     return scores
-
-
-_OFFICIAL_LIMITS = ("residual_mode='official' reproduces the official ReMViTv2 code, which handles only square "
-                    "token maps whose sides divide by the pooling strides (e.g. 224x224 inputs); use "
-                    "residual_mode='aligned' for other sizes")
-
-
-def _square_side(n: int) -> int:
-    side = math.isqrt(n)
-    if side * side != n:
-        raise ValueError(f'{_OFFICIAL_LIMITS} (got a map of {n} tokens).')
-    return side
-
-
-def _fit(x: Tensor, side: int) -> Tensor:
-    if tuple(x.shape[-2:]) != (side, side):
-        raise ValueError(f'{_OFFICIAL_LIMITS} (resampling gives {tuple(x.shape[-2:])}, not {(side, side)}).')
-    return x
-
-
-def align_pooled_official(prev: PooledScores, q_grid: TokenGrid, kv_grid: TokenGrid, num_heads: int) -> Tensor:
-    """The official ReMViTv2 alignment (ADiko1997/ReViT ``model/attention.py``), which sees token counts only.
-
-    After averaging heads on a head-count change, each axis whose count changed is viewed as a sqrt(N) x sqrt(N)
-    grid; a smaller query or key axis is average-pooled with kernel = stride = floor(sqrt(N_prev) / sqrt(N)), a
-    larger key axis repeated (nearest) by floor(sqrt(N) / sqrt(N_prev)). Raises ``ValueError`` where the official
-    code fails: non-square maps, pooled sizes that miss the target, a larger query axis.
-    """
-    scores = _mean_heads_if_changed(prev.scores, num_heads)
-    nq_prev, nk_prev = scores.shape[-2:]
-    nq, nk = q_grid.num_tokens, kv_grid.num_tokens
-    if (nq_prev, nk_prev) == (nq, nk):
-        return scores
-    if nq_prev < nq:
-        raise ValueError(f'{_OFFICIAL_LIMITS} (the query axis grows from {nq_prev} to {nq} tokens).')
-    if nq_prev > nq:
-        side, new = _square_side(nq_prev), _square_side(nq)
-        k = side // new
-        scores = _on_query_axis(scores, (side, side), lambda x: _fit(F.avg_pool2d(x, k, k), new))
-    if nk_prev != nk:
-        side, new = _square_side(nk_prev), _square_side(nk)
-        if nk_prev > nk:
-            k = side // new
-            op = lambda x: _fit(F.avg_pool2d(x, k, k), new)  # noqa: E731
-        else:
-            factor = float(new // side)
-            op = lambda x: _fit(F.interpolate(x, scale_factor=factor, mode='nearest'), new)  # noqa: E731
-        scores = _on_key_axis(scores, (side, side), op)
-    return scores
-
-
-POOLED_ALIGNERS = {'official': align_pooled_official, 'aligned': align_pooled_by_position}
 
 
 def make_alpha(alpha_init: float, learnable: bool = True) -> Union[nn.Parameter, float]:

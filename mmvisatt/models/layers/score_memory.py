@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .residual_attention import (ScoreFactors, TokenGrid, _on_key_axis, _on_query_axis, _pool_and_repeat,
+from .residual_attention import (ScoreFactors, TokenGrid, _pool_and_repeat, gate, on_key_axis, on_query_axis,
                                  regrid_by_position, residual_attention)
 
 Pair = Tuple[int, int]
@@ -109,9 +109,9 @@ class ScoreReduction(NamedTuple):
         if self.mean_heads:
             scores = scores.mean(dim=1, keepdim=True)
         if self.q_pool != (1, 1):
-            scores = _on_query_axis(scores, (grid_rows, self.q_size[1]), self._pool(self.q_pool))
+            scores = on_query_axis(scores, (grid_rows, self.q_size[1]), self._pool(self.q_pool))
         if self.kv_pool != (1, 1):
-            scores = _on_key_axis(scores, self.kv_size, self._pool(self.kv_pool))
+            scores = on_key_axis(scores, self.kv_size, self._pool(self.kv_pool))
         return scores
 
     @staticmethod
@@ -132,12 +132,13 @@ class ScoreReduction(NamedTuple):
 
 def _chunk(q_s: Tensor, k: Tensor, v: Tensor, prev: Optional[Tensor], alpha: Union[Tensor, float],
            residual_weight: Union[Tensor, float, None], rel_h: Optional[Tensor], rel_w: Optional[Tensor],
-           expand: Optional[Callable[[Tensor], Tensor]], reduction: ScoreReduction,
-           grid_rows: int) -> Tuple[Tensor, Tensor]:
+           expand: Optional[Callable[[Tensor], Tensor]], reduction: ScoreReduction, grid_rows: int, fused: bool,
+           carry: bool) -> Tuple[Tensor, Optional[Tensor]]:
     if prev is not None and expand is not None:
         prev = expand(prev)
-    out, scores = residual_attention(q_s, k, v, prev, alpha, residual_weight, rel_h, rel_w)
-    return out, reduction.reduce(scores, grid_rows)
+    out, scores = residual_attention(q_s, k, v, prev, alpha, rel=None if rel_h is None else (rel_h, rel_w),
+                                     residual_weight=residual_weight, fused=fused, carry=carry)
+    return out, reduction.reduce(scores, grid_rows) if carry else None
 
 
 def _autocast_as_recorded(ctx) -> ContextManager:
@@ -160,11 +161,12 @@ class RowChunkAttention(torch.autograd.Function):
 
     ``prev`` holds the residual on this block's query grid; ``expand`` puts each chunk's keys onto this block's
     key grid (a repeat the previous block left undone). ``rel_h`` (B, heads, Nq, kh), ``rel_w`` (B, heads, Nq, kw).
+    ``fused`` chooses the path of every chunk, forward and recomputed.
     """
 
     @staticmethod
     def forward(ctx, reduction: ScoreReduction, expand: Optional[Callable[[Tensor], Tensor]], carry: bool,
-                q_s: Tensor, k: Tensor, v: Tensor, prev: Optional[Tensor], alpha: Union[Tensor, float],
+                fused: bool, q_s: Tensor, k: Tensor, v: Tensor, prev: Optional[Tensor], alpha: Union[Tensor, float],
                 residual_weight: Union[Tensor, float, None], rel_h: Optional[Tensor],
                 rel_w: Optional[Tensor]) -> Tuple[Tensor, Optional[Tensor]]:
         B, heads, Nq, _ = q_s.shape
@@ -177,7 +179,7 @@ class RowChunkAttention(torch.autograd.Function):
         out = handed = None
         for a, b, c in chunks:
             part, rows = _chunk(q_s[:, :, a:b], k, v, _rows(prev, a, b), alpha, residual_weight, _rows(rel_h, a, b),
-                                _rows(rel_w, a, b), expand, reduction, (b - a) // qw)
+                                _rows(rel_w, a, b), expand, reduction, (b - a) // qw, fused, carry)
             if out is None:
                 out = part.new_empty(B, heads, Nq, part.shape[-1])
                 if carry:
@@ -185,7 +187,7 @@ class RowChunkAttention(torch.autograd.Function):
             out[:, :, a:b] = part
             if carry:
                 handed[:, :, c:c + rows.shape[2]] = rows
-        ctx.reduction, ctx.expand, ctx.chunks = reduction, expand, chunks
+        ctx.reduction, ctx.expand, ctx.chunks, ctx.fused, ctx.carry = reduction, expand, chunks, fused, carry
         ctx.floats = tuple(None if torch.is_tensor(t) else t for t in (alpha, residual_weight))
         ctx.set_materialize_grads(False)
         ctx.save_for_backward(q_s, k, v, prev, *(t if torch.is_tensor(t) else None for t in (alpha, residual_weight)),
@@ -198,7 +200,7 @@ class RowChunkAttention(torch.autograd.Function):
         qw = ctx.reduction.q_size[1]
         wants = ctx.needs_input_grad
         leaf = lambda t, i: None if t is None else t.detach().requires_grad_(wants[i])  # noqa: E731
-        k_l, v_l, alpha_l, weight_l = leaf(k, 4), leaf(v, 5), leaf(alpha_t, 7), leaf(weight_t, 8)
+        k_l, v_l, alpha_l, weight_l = leaf(k, 5), leaf(v, 6), leaf(alpha_t, 8), leaf(weight_t, 9)
         alpha = ctx.floats[0] if alpha_l is None else alpha_l
         weight = ctx.floats[1] if weight_l is None else weight_l
         sliced = dict(q_s=q_s, prev=prev, rel_h=rel_h, rel_w=rel_w)  # inputs whose rows the chunks split
@@ -206,10 +208,10 @@ class RowChunkAttention(torch.autograd.Function):
         shared = dict.fromkeys(('k', 'v', 'alpha', 'weight'))
         for a, b, c in ctx.chunks:
             with torch.enable_grad(), _autocast_as_recorded(ctx):
-                inputs = dict(q_s=leaf(q_s[:, :, a:b], 3), prev=leaf(_rows(prev, a, b), 6),
-                              rel_h=leaf(_rows(rel_h, a, b), 9), rel_w=leaf(_rows(rel_w, a, b), 10))
+                inputs = dict(q_s=leaf(q_s[:, :, a:b], 4), prev=leaf(_rows(prev, a, b), 7),
+                              rel_h=leaf(_rows(rel_h, a, b), 10), rel_w=leaf(_rows(rel_w, a, b), 11))
                 part, rows = _chunk(inputs['q_s'], k_l, v_l, inputs['prev'], alpha, weight, inputs['rel_h'],
-                                    inputs['rel_w'], ctx.expand, ctx.reduction, (b - a) // qw)
+                                    inputs['rel_w'], ctx.expand, ctx.reduction, (b - a) // qw, ctx.fused, ctx.carry)
             outputs, seeds = [], []
             if d_out is not None:
                 outputs.append(part)
@@ -231,31 +233,33 @@ class RowChunkAttention(torch.autograd.Function):
                     if grads[name] is None:
                         grads[name] = sliced[name].new_zeros(sliced[name].shape)
                     grads[name][:, :, a:b] = grad
-        return (None, None, None, grads['q_s'], shared['k'], shared['v'], grads['prev'], shared['alpha'],
+        return (None, None, None, None, grads['q_s'], shared['k'], shared['v'], grads['prev'], shared['alpha'],
                 shared['weight'], grads['rel_h'], grads['rel_w'])
 
 
 @torch.compiler.disable
 def chunked_attention(q_s: Tensor, k: Tensor, v: Tensor, prev: Optional[Tensor], alpha: Union[Tensor, float],
                       rel_h: Optional[Tensor], rel_w: Optional[Tensor], reduction: ScoreReduction,
-                      kv_grid: TokenGrid, prev_kv_grid: Optional[TokenGrid] = None) -> Tuple[Tensor, Tensor]:
+                      kv_grid: TokenGrid, prev_kv_grid: Optional[TokenGrid] = None,
+                      fused: bool = False) -> Tuple[Tensor, Tensor]:
     """:class:`RowChunkAttention` of a pooling-attention block: the output and the map ``reduction`` hands on.
     ``prev`` is on this block's query grid; on ``prev_kv_grid`` (None: on ``kv_grid``), each chunk repeats its
     keys onto ``kv_grid``."""
     expand = None
     if prev_kv_grid is not None and prev_kv_grid != kv_grid:
-        expand = lambda rows: _on_key_axis(  # noqa: E731
+        expand = lambda rows: on_key_axis(  # noqa: E731
             rows, prev_kv_grid.size, lambda m: regrid_by_position(m, prev_kv_grid, kv_grid))
-    return RowChunkAttention.apply(reduction, expand, True, q_s, k, v, prev, alpha, None, rel_h, rel_w)
+    return RowChunkAttention.apply(reduction, expand, True, fused, q_s, k, v, prev, alpha, None, rel_h, rel_w)
 
 
 @torch.compiler.disable
 def factored_attention(q_s: Tensor, k: Tensor, v: Tensor, size: Pair, carried: ScoreFactors,
-                       alpha: Union[Tensor, float]) -> Tuple[Tensor, ScoreFactors]:
+                       alpha: Union[Tensor, float], fused: bool = False) -> Tuple[Tensor, ScoreFactors]:
     """``softmax(S_l) @ v`` of an unpooled block with ``S_l`` built from the carried factors and this block's
     scaled queries ``q_s`` and keys ``k`` (see :class:`~.residual_attention.ScoreFactors`)."""
     queries, keys, base, run = carried
     depth = len(queries)
+    alpha = gate(alpha)  # 0-d: the weighted queries keep autocast's dtype
     residual_weight = 1 - alpha
     # the unrolled moving average: factor j weighs (1 - alpha)^(depth - j) times alpha, except the network's
     # first layer (no base), which had no residual to mix with
@@ -264,20 +268,15 @@ def factored_attention(q_s: Tensor, k: Tensor, v: Tensor, size: Pair, carried: S
     own = q_s if depth == 0 and base is None else alpha * q_s
     q_cat = torch.cat([*weighted, own], dim=-1) if weighted else own
     k_cat = torch.cat([*keys, k], dim=-1) if keys else k
-    dtype = q_cat.dtype
-    if torch.amp.is_autocast_available(q_s.device.type) and torch.is_autocast_enabled(q_s.device.type):
-        # alpha (float32) promoted the weighted queries; attend at the precision autocast asks for
-        dtype = torch.get_autocast_dtype(q_s.device.type)
-    q_cat, k_cat, v_in = q_cat.to(dtype), k_cat.to(dtype), v.to(dtype)
     fold = run is not None and depth + 1 >= run
     base_weight = None if base is None else residual_weight ** (depth + 1)
     grid = TokenGrid(*size)
     # the queries carry their weights, so the product's own weight is 1 and the base's is a power of 1 - alpha
-    out, scores = RowChunkAttention.apply(ScoreReduction.none(grid, grid), None, fold, q_cat, k_cat, v_in, base, 1.0,
-                                          base_weight, None, None)
+    out, scores = RowChunkAttention.apply(ScoreReduction.none(grid, grid), None, fold, fused, q_cat, k_cat, v, base,
+                                          1.0, base_weight, None, None)
     if fold:
-        return out.to(v.dtype), ScoreFactors(base=scores, run=run)
-    return out.to(v.dtype), ScoreFactors(queries + (q_s, ), keys + (k, ), base, run)
+        return out, ScoreFactors(base=scores, run=run)
+    return out, ScoreFactors(queries + (q_s, ), keys + (k, ), base, run)
 
 
 def set_score_memory(model: torch.nn.Module, value: str) -> torch.nn.Module:

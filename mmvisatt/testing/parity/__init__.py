@@ -77,8 +77,7 @@ def load_converted(backbone: nn.Module, head: Optional[nn.Module], state_dict: d
 
 def parity_model(meta: dict, state_dict: dict, fused_attn: bool = False) -> nn.Module:
     """Build, load and return (in eval mode) the mmvisatt equivalent of the official model in ``meta``, on the
-    reference attention path (``fused_attn=False``, default) or the fused one (families with one path ignore
-    it)."""
+    reference attention path (``fused_attn=False``, default) or the fused one."""
     key = (meta['family'], meta['official_class'])
     if key not in _BUILDERS:
         try:
