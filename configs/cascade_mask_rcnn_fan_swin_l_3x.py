@@ -6,7 +6,7 @@
 # Why: FAN published COCO recipes for the hybrid Cascade Mask R-CNN 3x only; its optimizer, batch and AMP.
 # Memory: 16 GPUs x 2: at 4 images per GPU the training step at this recipe's largest padded batch (1250x1333) is over
 # 80 GB (docs/benchmarks.md, Memory per GPU); the total batch stays 32.
-# Measured per GPU (docs/benchmarks.md): 58.4 GB at 2 images per GPU.
+# Measured per GPU (docs/benchmarks.md): 58.4 GB at 2 images per GPU; 112.5 GB at 4.
 # Every value with its source line, and each deviation with its reason: docs/recipes.md. Backbone settings in
 # _base_/backbones/fan_swin_l.py.
 # Written by tools/misc/generate_configs.py from mmvisatt/recipes.py and mmvisatt/task_configs.py: edit those, not

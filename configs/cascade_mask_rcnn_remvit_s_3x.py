@@ -7,7 +7,8 @@
 # Memory: score_memory='handoff' and 16 GPUs x 4: at 8 images per GPU the training step at this recipe's largest
 # padded batch (1250x1333) is over 80 GB with score_memory='handoff' (docs/benchmarks.md, Memory per GPU); the total
 # batch stays 64.
-# Measured per GPU (docs/benchmarks.md): 74.9 GB at 4 images per GPU.
+# Measured per GPU (docs/benchmarks.md): 74.9 GB at 4 images per GPU; 148.4 GB at 8; 146.2 GB without
+# score_memory='handoff'.
 # Every value with its source line, and each deviation with its reason: docs/recipes.md. Backbone settings in
 # _base_/backbones/remvit_s.py.
 # Written by tools/misc/generate_configs.py from mmvisatt/recipes.py and mmvisatt/task_configs.py: edit those, not

@@ -6,7 +6,8 @@
 # Memory: with_cp=True, score_memory='handoff' and 32 GPUs x 2: at 8 images per GPU the training step at this recipe's
 # largest padded batch (1250x1333) is over 80 GB with with_cp=True, score_memory='handoff' (docs/benchmarks.md, Memory
 # per GPU); the total batch stays 64.
-# Measured per GPU (docs/benchmarks.md): 43.0 GB at 2 images per GPU.
+# Measured per GPU (docs/benchmarks.md): 42.5 GB at 2 images per GPU; 166.8 GB at 8; 94.2 GB without with_cp=True,
+# score_memory='handoff'.
 # Every value with its source line, and each deviation with its reason: docs/recipes.md. Backbone settings in
 # _base_/backbones/remvit_b.py.
 # Written by tools/misc/generate_configs.py from mmvisatt/recipes.py and mmvisatt/task_configs.py: edit those, not

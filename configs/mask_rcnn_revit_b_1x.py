@@ -7,7 +7,8 @@
 # all 12.
 # Memory: with_cp=True, score_memory='factors': at 8 images per GPU the training step is over 80 GB without them
 # (docs/benchmarks.md, Memory per GPU); the total batch stays 64.
-# Measured per GPU (docs/benchmarks.md): 53.8 GB at 8 images per GPU.
+# Measured per GPU (docs/benchmarks.md): 52.1 GB at 8 images per GPU; 119.2 GB without with_cp=True,
+# score_memory='factors'.
 # Every value with its source line, and each deviation with its reason: docs/recipes.md. Backbone settings in
 # _base_/backbones/revit_b.py.
 # Written by tools/misc/generate_configs.py from mmvisatt/recipes.py and mmvisatt/task_configs.py: edit those, not

@@ -8,7 +8,8 @@
 # Memory: with_cp=True, score_memory='factors' and 16 GPUs x 4: at 8 images per GPU the training step at this recipe's
 # largest padded batch (1250x1333) is over 80 GB with with_cp=True, score_memory='factors' (docs/benchmarks.md, Memory
 # per GPU); the total batch stays 64.
-# Measured per GPU (docs/benchmarks.md): 58.8 GB at 4 images per GPU.
+# Measured per GPU (docs/benchmarks.md): 58.8 GB at 4 images per GPU; 115.9 GB at 8; 141.0 GB without with_cp=True,
+# score_memory='factors'.
 # Every value with its source line, and each deviation with its reason: docs/recipes.md. Backbone settings in
 # _base_/backbones/revit_b.py.
 # Written by tools/misc/generate_configs.py from mmvisatt/recipes.py and mmvisatt/task_configs.py: edit those, not

@@ -5,7 +5,7 @@
 # Why: the paper trained only the ReMViTv2-T Mask R-CNN 3x; its recipe (the Detectron2 MViTv2 one).
 # Memory: score_memory='handoff': at 8 images per GPU the training step is over 80 GB without it (docs/benchmarks.md,
 # Memory per GPU); the total batch stays 64.
-# Measured per GPU (docs/benchmarks.md): 49.0 GB at 8 images per GPU.
+# Measured per GPU (docs/benchmarks.md): 47.5 GB at 8 images per GPU; 103.3 GB without score_memory='handoff'.
 # Every value with its source line, and each deviation with its reason: docs/recipes.md. Backbone settings in
 # _base_/backbones/remvit_t.py.
 # Written by tools/misc/generate_configs.py from mmvisatt/recipes.py and mmvisatt/task_configs.py: edit those, not

@@ -283,7 +283,8 @@ def measure_config(config: str, shape: Optional[Tuple[int, int]] = None, cache: 
     total = (cfg.get('auto_scale_lr') or {}).get('base_batch_size')
     row = dict(config=osp.basename(config), shape=list(shape), amp=amp, dtype=dtype, batch_per_gpu=batch,
                total_batch=total, gpus=(total // batch if total and total % batch == 0 else None), key=key,
-               step=step, per_gpu=per_gpu_bytes(step, batch), upper_bound_float32=bool(amp and dtype == 'float32'))
+               step=step, per_gpu=per_gpu_bytes(step, batch), upper_bound_float32=bool(amp and dtype == 'float32'),
+               kernels='gpu')
     if row['gpus'] and row['gpus'] != GPUS:
         # spread over more GPUs than the recipe's own layout: the step at the recipe's images per GPU says why
         row['at_recipe_layout'] = dict(gpus=GPUS, batch_per_gpu=total // GPUS,
@@ -347,7 +348,9 @@ def markdown_table(rows: Iterable[Dict[str, Any]]) -> str:
         flag = ' **over 80**' if row['per_gpu'] > LIMIT_GB * GB else ''
         without = row.get('without')
         without = f"{_gb(without['per_gpu'])} without {without['settings']}" if without else '-'
-        lines.append(f"| {row['config']} | {row['shape'][0]}x{row['shape'][1]} | {row['batch_per_gpu']}{gpus} | "
+        # rows measured before the step took the GPU's attention kernels (the host's instead) are marked
+        mark = '' if row.get('kernels') == 'gpu' else ' †'
+        lines.append(f"| {row['config']}{mark} | {row['shape'][0]}x{row['shape'][1]} | {row['batch_per_gpu']}{gpus} | "
                      f"{amp} | {step['params'] / 1e6:.1f} | {_gb(one)} | {_gb(row['per_gpu'])}{flag} | {without} |")
     return '\n'.join(lines)
 
