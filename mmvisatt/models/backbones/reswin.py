@@ -40,13 +40,11 @@ class WindowResidualAttention(WindowAttention):
         # (B, num_windows, heads, N, d): the per-window mask and validity broadcast over images and heads
         q, k, v = self.qkv(x).reshape(-1, num_windows, N, 3, h, C // h).permute(3, 0, 1, 4, 2, 5)
         prev = None if residual is None else residual.unflatten(0, (-1, num_windows))
-        out, scores = residual_attention(
-            q, k, v, prev, alpha, scale=(C // h) ** -0.5, bias=self.relative_position_bias(),
-            valid=None if residual_valid is None else residual_valid[:, None],
-            mask=None if mask is None else mask[:, None], dropout=self.attn_drop.p if self.training else 0.,
-            fused=self.fused)
-        x = out.transpose(2, 3).reshape(BW, N, C)
-        return self.proj_drop(self.proj(x)), scores.flatten(0, 1)
+        valid, mask = (None if t is None else t[:, None] for t in (residual_valid, mask))
+        out, scores = residual_attention(q, k, v, prev, alpha, scale=(C // h) ** -0.5, valid=valid, mask=mask,
+                                         bias=self.relative_position_bias(), fused=self.fused,
+                                         dropout=self.attn_drop.p if self.training else 0.)
+        return self.proj_drop(self.proj(out.transpose(2, 3).reshape(BW, N, C))), scores.flatten(0, 1)
 
 
 class ReSwinBlock(nn.Module):

@@ -157,13 +157,11 @@ class PoolingResidualAttention(nn.Module):
         in_h, in_w = source.stride_h, source.stride_w
         q_grid = TokenGrid(*q_size, in_h * self.stride_q[0], in_w * self.stride_q[1])
         kv_grid = TokenGrid(*kv_size, in_h * self.stride_kv[0], in_w * self.stride_kv[1])
-        rel_h = rel_w = None
-        if self.rel_pos_h is not None:
-            rel_h, rel_w = decomposed_rel_pos_terms(q, q_size, kv_size, self.rel_pos_h, self.rel_pos_w)
+        rel = None if self.rel_pos_h is None else decomposed_rel_pos_terms(q, q_size, kv_size, self.rel_pos_h,
+                                                                           self.rel_pos_w)
         if self.score_memory == 'full':
             prev = None if residual is None else self.align(residual, q_grid, kv_grid, self.num_heads)
-            x, scores = residual_attention(q, k, v, prev, alpha, scale=self.scale,
-                                           rel=None if rel_h is None else (rel_h, rel_w), fused=self.fused)
+            x, scores = residual_attention(q, k, v, prev, alpha, scale=self.scale, rel=rel, fused=self.fused)
             return x, PooledScores(scores, q_grid, kv_grid)
         prev = prev_kv_grid = None
         if residual is not None and residual.q_grid == q_grid and residual.scores.shape[1] in (1, self.num_heads):
@@ -173,7 +171,7 @@ class PoolingResidualAttention(nn.Module):
         elif residual is not None:
             prev = self.align(residual, q_grid, kv_grid, self.num_heads)
         reduction = ScoreReduction.plan(q_grid, kv_grid, self.num_heads, self.next_block)
-        x, scores = chunked_attention(q * self.scale, k, v, prev, alpha, rel_h, rel_w, reduction, kv_grid,
+        x, scores = chunked_attention(q * self.scale, k, v, prev, alpha, *(rel or (None, None)), reduction, kv_grid,
                                       prev_kv_grid, self.fused)
         if reduction.shrinks:
             return x, PooledScores(scores, reduction.q_grid, reduction.kv_grid, q_grid)

@@ -151,8 +151,7 @@ def gate(alpha: Union[Tensor, float]) -> Union[Tensor, float]:
 
 
 def _add_residual(base: Tensor, residual: Tensor, weight: Union[Tensor, float], inplace: bool = False) -> Tensor:
-    """``base + weight * residual`` in one pass: in place into ``base`` (no score-sized temporary), or into a new
-    tensor with ``base`` broadcast to the residual."""
+    """``base + weight * residual`` in one pass: in place into ``base``, or new with ``base`` broadcast."""
     if isinstance(weight, Tensor):
         return base.addcmul_(weight, residual) if inplace else torch.addcmul(base, residual, weight)
     return base.add_(residual, alpha=weight) if inplace else torch.add(base, residual, alpha=weight)
@@ -183,25 +182,20 @@ def residual_attention(q: Tensor, k: Tensor, v: Tensor, prev: Optional[Tensor] =
     ``scaled_dot_product_attention`` over zero queries with ``S + mask`` as the mask (Swin's windows: over the
     real queries with ``D + mask``): the memory-efficient kernel reads the map once, keeps no probability map for
     the backward (only ``S``, which is carried on anyway) and returns the map's gradient. A partial mix (``valid``)
-    weighs the product per pair, which no additive map can express: both paths compute it explicitly. The queries
-    are scaled once, by a 0-d factor, so autograd keeps ``q`` itself for alpha's gradient (a view the caller holds
-    anyway).
+    weighs the product per pair, which no additive map can express: both paths compute it explicitly.
     """
     mixing = prev is not None
     alpha = gate(alpha) if mixing else 1.0
     weight = 1 - alpha if residual_weight is None else gate(residual_weight)
     if valid is not None or not fused:
         return _explicit(q, k, v, prev, alpha, weight, scale, bias, rel, valid, mask, dropout)
-    # one contiguous copy of each strided view (ReSwin's): the product reads q and k as one batch of matrices, and a
-    # view the attention kernel kept would hold the whole projection
+    # one copy of each strided view (ReSwin's): a view the attention kernel kept would hold the whole projection
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     gain = alpha * scale if mixing else scale
-    # a float gain of 1 (the factored strategy's) leaves the queries as they are: no copy for the kernels to keep
     q_a = q if isinstance(gain, float) and gain == 1.0 else q * gain
     k_t, shape = k.transpose(-2, -1), (*q.shape[:-1], k.shape[-2])
     if bias is not None:
-        # Swin's windows: the kernel copies their 49-wide rows (and a shift mask makes a new map) whatever it reads,
-        # so it attends with the real queries and D as its mask, and the carried map is the product plus D
+        # Swin's windows: the kernel copies their 49-wide rows whatever it reads, so it attends with q and D itself
         extra = bias * alpha if not mixing else _add_residual(bias * alpha, prev, weight)
         logits = extra if mask is None else extra + mask.to(extra.dtype)
         return attention(q_a, k, v, logits, scale=1.0, dropout=dropout), (q_a @ k_t).add_(extra)
@@ -221,8 +215,7 @@ def residual_attention(q: Tensor, k: Tensor, v: Tensor, prev: Optional[Tensor] =
             logits = mask if logits is None else logits + mask.to(logits.dtype)
         return attention(q_a, k, v, logits, scale=1.0, dropout=dropout), None
     elif mixing:
-        # the product accumulates in place into the weighted residual, made in the product's batched layout: one
-        # pass over the map, where baddbmm would copy its input first and a view would be rebuilt by autograd
+        # in place into the weighted residual, made in the product's layout: baddbmm would copy its input first
         scores = (prev.expand(shape).flatten(0, -3) * weight).baddbmm_(q_a.flatten(0, -3), k_t.flatten(0, -3))
         scores = scores.view(shape)
     elif mask is None:
@@ -230,13 +223,11 @@ def residual_attention(q: Tensor, k: Tensor, v: Tensor, prev: Optional[Tensor] =
         return attention(q_a, k, v, scale=1.0, dropout=dropout), q_a @ k_t
     else:
         scores = q_a @ k_t
-    # S is the logits: the kernel attends with zero queries (every q.k is zero, whatever the keys: the real ones,
-    # which the product keeps anyway, where they are as wide as the values) and S as its mask, so it keeps S itself,
-    # the map carried on anyway, for the backward, and the product is made once
-    logits = scores if mask is None else scores + mask.to(scores.dtype)
+    # S is the logits: zero queries make every q.k zero (the keys are the product's, where as wide as the values), so
+    # the kernel keeps S itself, carried on anyway, for the backward, and the product is made once
     keys = k if k.shape[-1] == v.shape[-1] else torch.zeros_like(v)
-    zeros = q.new_zeros(*shape[:-1], v.shape[-1])
-    return attention(zeros, keys, v, logits, scale=1.0, dropout=dropout), scores
+    logits = scores if mask is None else scores + mask.to(scores.dtype)
+    return attention(q.new_zeros(*shape[:-1], v.shape[-1]), keys, v, logits, scale=1.0, dropout=dropout), scores
 
 
 def _explicit(q: Tensor, k: Tensor, v: Tensor, prev: Optional[Tensor], alpha: Union[Tensor, float],

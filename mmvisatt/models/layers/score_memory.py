@@ -161,8 +161,7 @@ class RowChunkAttention(torch.autograd.Function):
 
     ``prev`` holds the residual on this block's query grid; ``expand`` puts each chunk's keys onto this block's
     key grid (a repeat the previous block left undone). ``rel_h`` (B, heads, Nq, kh), ``rel_w`` (B, heads, Nq, kw).
-    ``fused`` chooses the path of every chunk, forward and recomputed.
-    """
+    ``fused`` chooses the path of every chunk, forward and recomputed."""
 
     @staticmethod
     def forward(ctx, reduction: ScoreReduction, expand: Optional[Callable[[Tensor], Tensor]], carry: bool,
