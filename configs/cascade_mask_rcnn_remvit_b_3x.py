@@ -2,13 +2,13 @@
 # ReMViTv2-B.
 # Recipe: borrowed from ReMViTv2-T Mask R-CNN 3x (ReMViTv2-B)
 # (facebookresearch/detectron2@87b1bf9:projects/MViTv2/configs/mask_rcnn_mvitv2_t_3x.py); AdamW 0.00016, wd 0.1, total
-# batch 64 = 32 GPUs x 2, fp16 AMP (dynamic loss scale).
+# batch 64 = 16 GPUs x 4, fp16 AMP (dynamic loss scale).
 # Why: the paper trained only the ReMViTv2-T Mask R-CNN 3x; its recipe (the Detectron2 MViTv2 one).
-# Memory: with_cp=True, score_memory='handoff' and 32 GPUs x 2: at 8 images per GPU the training step at this recipe's
+# Memory: with_cp=True, score_memory='handoff' and 16 GPUs x 4: at 8 images per GPU the training step at this recipe's
 # largest padded batch (1250x1333) is over 80 GB with with_cp=True, score_memory='handoff' (docs/benchmarks.md, Memory
 # per GPU); the total batch stays 64.
-# Measured per GPU (docs/benchmarks.md): 43.5 GB at 2 images per GPU; 168.6 GB at 8; 95.9 GB without with_cp=True,
-# score_memory='handoff'.
+# Measured per GPU (docs/benchmarks.md): 46.5 GB at 4 images per GPU in AMP (fp16); 90.6 GB at 8; 105.3 GB without
+# with_cp=True, score_memory='handoff'.
 # Every value with its source line, and each deviation with its reason: docs/recipes.md. Backbone settings in
 # _base_/backbones/remvit_b.py.
 # Written by tools/misc/generate_configs.py from mmvisatt/recipes.py and mmvisatt/task_configs.py: edit those, not
@@ -40,4 +40,5 @@ param_scheduler = [
     dict(type='LinearLR', start_factor=0.001, by_epoch=False, begin=0, end=250),
     dict(type='MultiStepLR', begin=0, end=36, by_epoch=True, milestones=[27, 33], gamma=0.1)
 ]
+train_dataloader = dict(batch_size=4)
 auto_scale_lr = dict(enable=False, base_batch_size=64)

@@ -2,12 +2,11 @@
 # ReMViTv2-T.
 # Recipe: borrowed from ReMViTv2-T Mask R-CNN 3x (ReMViTv2-T)
 # (facebookresearch/detectron2@87b1bf9:projects/MViTv2/configs/mask_rcnn_mvitv2_t_3x.py); AdamW 0.00016, wd 0.1, total
-# batch 64 = 16 GPUs x 4, fp16 AMP (dynamic loss scale).
+# batch 64 = 8 GPUs x 8, fp16 AMP (dynamic loss scale).
 # Why: the paper trained only the ReMViTv2-T Mask R-CNN 3x; its recipe (the Detectron2 MViTv2 one).
-# Memory: score_memory='handoff' and 16 GPUs x 4: at 8 images per GPU the training step at this recipe's largest
-# padded batch (1250x1333) is over 80 GB with score_memory='handoff' (docs/benchmarks.md, Memory per GPU); the total
-# batch stays 64.
-# Measured per GPU (docs/benchmarks.md): 50.9 GB at 4 images per GPU; 100.5 GB at 8; 122.1 GB without
+# Memory: score_memory='handoff': at 8 images per GPU the training step is over 80 GB without it (docs/benchmarks.md,
+# Memory per GPU); the total batch stays 64.
+# Measured per GPU (docs/benchmarks.md): 61.9 GB at 8 images per GPU in AMP (fp16); 133.6 GB without
 # score_memory='handoff'.
 # Every value with its source line, and each deviation with its reason: docs/recipes.md. Backbone settings in
 # _base_/backbones/remvit_t.py.
@@ -39,5 +38,5 @@ param_scheduler = [
     dict(type='LinearLR', start_factor=0.001, by_epoch=False, begin=0, end=250),
     dict(type='MultiStepLR', begin=0, end=36, by_epoch=True, milestones=[27, 33], gamma=0.1)
 ]
-train_dataloader = dict(batch_size=4)
+train_dataloader = dict(batch_size=8)
 auto_scale_lr = dict(enable=False, base_batch_size=64)

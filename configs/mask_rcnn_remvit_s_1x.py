@@ -3,9 +3,6 @@
 # (facebookresearch/detectron2@87b1bf9:projects/MViTv2/configs/mask_rcnn_mvitv2_t_3x.py); AdamW 0.00016, wd 0.1, total
 # batch 64 = 8 GPUs x 8, fp16 AMP (dynamic loss scale).
 # Why: the paper trained only the ReMViTv2-T Mask R-CNN 3x; its recipe (the Detectron2 MViTv2 one).
-# Memory: score_memory='handoff': at 8 images per GPU the training step is over 80 GB without it (docs/benchmarks.md,
-# Memory per GPU); the total batch stays 64.
-# Measured per GPU (docs/benchmarks.md): 71.7 GB at 8 images per GPU; 127.7 GB without score_memory='handoff'.
 # Every value with its source line, and each deviation with its reason: docs/recipes.md. Backbone settings in
 # _base_/backbones/remvit_s.py.
 # Written by tools/misc/generate_configs.py from mmvisatt/recipes.py and mmvisatt/task_configs.py: edit those, not
@@ -19,8 +16,7 @@ _base_ = [
 ]
 
 model = dict(
-    backbone=dict(_base_.preset.backbone, drop_path_rate=0.2,
-                  score_memory='handoff'),
+    backbone=dict(_base_.preset.backbone, drop_path_rate=0.2),
     neck=dict(in_channels=_base_.preset.channels))
 optim_wrapper = dict(
     type='AmpOptimWrapper',

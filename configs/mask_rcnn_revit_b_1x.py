@@ -5,10 +5,6 @@
 # Why: no ReViT-B detection recipe was published; ViTDet's ViT-B recipe (a plain ViT-B with a simple feature pyramid,
 # as ours). Global attention keeps every score map at detection sizes: expect the memory of ViTDet's global blocks in
 # all 12.
-# Memory: with_cp=True, score_memory='factors': at 8 images per GPU the training step is over 80 GB without them
-# (docs/benchmarks.md, Memory per GPU); the total batch stays 64.
-# Measured per GPU (docs/benchmarks.md): 52.1 GB at 8 images per GPU; 119.2 GB without with_cp=True,
-# score_memory='factors'.
 # Every value with its source line, and each deviation with its reason: docs/recipes.md. Backbone settings in
 # _base_/backbones/revit_b.py.
 # Written by tools/misc/generate_configs.py from mmvisatt/recipes.py and mmvisatt/task_configs.py: edit those, not
@@ -22,9 +18,7 @@ _base_ = [
 ]
 
 model = dict(
-    backbone=dict(_base_.preset.backbone, drop_path_rate=0.1,
-                  with_cp=True,
-                  score_memory='factors'),
+    backbone=dict(_base_.preset.backbone, drop_path_rate=0.1),
     neck=dict(in_channels=_base_.preset.channels))
 optim_wrapper = dict(
     type='AmpOptimWrapper',

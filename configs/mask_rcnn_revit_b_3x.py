@@ -1,14 +1,13 @@
 # Mask R-CNN + FPN, 3x schedule (36 epochs) with multi-scale training and crops, with ReViT-B.
 # Recipe: borrowed from ViTDet ViT-B Mask R-CNN
 # (facebookresearch/detectron2@1d650ef:projects/ViTDet/configs/COCO/mask_rcnn_vitdet_b_100ep.py); AdamW 0.0001, wd
-# 0.1, total batch 64 = 16 GPUs x 4, fp16 AMP (dynamic loss scale).
+# 0.1, total batch 64 = 8 GPUs x 8, fp16 AMP (dynamic loss scale).
 # Why: no ReViT-B detection recipe was published; ViTDet's ViT-B recipe (a plain ViT-B with a simple feature pyramid,
 # as ours). Global attention keeps every score map at detection sizes: expect the memory of ViTDet's global blocks in
 # all 12.
-# Memory: with_cp=True, score_memory='factors' and 16 GPUs x 4: at 8 images per GPU the training step at this recipe's
-# largest padded batch (1250x1333) is over 80 GB with with_cp=True, score_memory='factors' (docs/benchmarks.md, Memory
-# per GPU); the total batch stays 64.
-# Measured per GPU (docs/benchmarks.md): 58.8 GB at 4 images per GPU; 115.9 GB at 8; 141.0 GB without with_cp=True,
+# Memory: with_cp=True, score_memory='factors': at 8 images per GPU the training step is over 80 GB without them
+# (docs/benchmarks.md, Memory per GPU); the total batch stays 64.
+# Measured per GPU (docs/benchmarks.md): 60.7 GB at 8 images per GPU in AMP (fp16); 145.7 GB without with_cp=True,
 # score_memory='factors'.
 # Every value with its source line, and each deviation with its reason: docs/recipes.md. Backbone settings in
 # _base_/backbones/revit_b.py.
@@ -36,5 +35,5 @@ param_scheduler = [
     dict(type='LinearLR', start_factor=0.001, by_epoch=False, begin=0, end=250),
     dict(type='MultiStepLR', begin=0, end=36, by_epoch=True, milestones=[27, 33], gamma=0.1)
 ]
-train_dataloader = dict(batch_size=4)
+train_dataloader = dict(batch_size=8)
 auto_scale_lr = dict(enable=False, base_batch_size=64)

@@ -5,7 +5,7 @@
 # Why: the paper trained only the ReMViTv2-T Mask R-CNN 3x; its recipe (the Detectron2 MViTv2 one).
 # Memory: with_cp=True, score_memory='handoff': at 8 images per GPU the training step is over 80 GB without them
 # (docs/benchmarks.md, Memory per GPU); the total batch stays 64.
-# Measured per GPU (docs/benchmarks.md): 70.7 GB at 8 images per GPU; 165.5 GB without with_cp=True,
+# Measured per GPU (docs/benchmarks.md): 37.1 GB at 8 images per GPU in AMP (fp16); 94.2 GB without with_cp=True,
 # score_memory='handoff'.
 # Every value with its source line, and each deviation with its reason: docs/recipes.md. Backbone settings in
 # _base_/backbones/remvit_b.py.

@@ -440,11 +440,6 @@ def _remvit_det(drop_path: float, name: str) -> TrainRecipe:
                     '62,500 (36.6 / 28.5 / 33.9 epochs of COCO train2017 at batch 64)', _GATE))
 
 
-# the ReMViTv2 sizes whose detectors (8 images per GPU) also checkpoint their blocks to fit an 80 GB GPU (every
-# ReMViTv2 detector hands its scores on by row chunks, score_memory='handoff')
-_REMVIT_CHECKPOINTED = ('b', )
-
-
 def remvit_recipes(token: str, size: str) -> Dict[str, TrainRecipe]:
     dp = {'t': 0.2, 's': 0.2, 'b': 0.4}[size]
     donor = _remvit_det(dp, f'ReMViTv2-{size.upper()}')
@@ -457,7 +452,6 @@ def remvit_recipes(token: str, size: str) -> Dict[str, TrainRecipe]:
         else:
             out[recipe] = borrow(donor, 'the paper trained only the ReMViTv2-T Mask R-CNN 3x; its recipe (the '
                                         'Detectron2 MViTv2 one)')
-        out[recipe] = fit_80gb(out[recipe], with_cp=size in _REMVIT_CHECKPOINTED, score_memory='handoff')
     out['upernet_160k_ade20k'] = borrow(SWIN_UPERNET, 'no ReMViTv2 / MViTv2 UperNet recipe was published; the Swin '
                                                       'UperNet recipe', drop_path_rate=0.3,
                                         no_decay=('norm', 'rel_pos_h', 'rel_pos_w', 'alpha'))
@@ -504,22 +498,35 @@ def spread(recipe: TrainRecipe, gpus: int) -> TrainRecipe:
                            f'(docs/benchmarks.md, Memory per GPU); the total batch stays {recipe.total_batch}')
 
 
-#: the multi-scale crop 3x recipes whose batch is spread over more GPUs, and over how many
-_SPREAD_3X = {'remvit_t': 16, 'remvit_s': 16, 'remvit_b': 32, 'revit_b': 16, 'fan_swin_l': 16}
+#: what a detection recipe turns on to fit its step into an 80 GB GPU at the recipe's images per GPU, by backbone and
+#: recipe, as the measured rows decide (docs/benchmarks.md, Memory per GPU): each config is over 80 GB without it
+_FIT_80GB = {
+    **{('remvit_t', r): dict(score_memory='handoff') for r in ('mask_rcnn_3x', 'cascade_mask_rcnn_3x')},
+    **{('remvit_s', r): dict(with_cp=True, score_memory='handoff') for r in ('mask_rcnn_3x', 'cascade_mask_rcnn_3x')},
+    **{('remvit_b', r): dict(with_cp=True, score_memory='handoff')
+       for r in ('mask_rcnn_1x', 'mask_rcnn_3x', 'cascade_mask_rcnn_3x', 'retinanet_1x')},
+    **{('revit_b', r): dict(with_cp=True, score_memory='factors') for r in ('mask_rcnn_3x', 'cascade_mask_rcnn_3x')},
+    **{('fan_swin_l', r): dict(with_cp=True) for r in ('mask_rcnn_3x', 'cascade_mask_rcnn_3x')},
+}
+#: the recipes whose batch is spread over more GPUs than the recipe's, and over how many: at the recipe's images per
+#: GPU they are over 80 GB even with what :data:`_FIT_80GB` turns on
+_SPREAD = {('remvit_b', 'mask_rcnn_3x'): 16, ('remvit_b', 'cascade_mask_rcnn_3x'): 16}
 
 
-def _spread_3x(token: str, recipes: Dict[str, TrainRecipe]) -> Dict[str, TrainRecipe]:
-    if token in _SPREAD_3X:
-        for key in ('mask_rcnn_3x', 'cascade_mask_rcnn_3x'):
-            recipes[key] = spread(recipes[key], _SPREAD_3X[token])
+def _fit_80gb(token: str, recipes: Dict[str, TrainRecipe]) -> Dict[str, TrainRecipe]:
+    for key in list(recipes):
+        settings = dict(_FIT_80GB.get((token, key), {}))
+        if settings:
+            recipes[key] = fit_80gb(recipes[key], with_cp=settings.pop('with_cp', False), **settings)
+        if (token, key) in _SPREAD:
+            recipes[key] = spread(recipes[key], _SPREAD[token, key])
     return recipes
 
 
 def revit_recipes(token: str) -> Dict[str, TrainRecipe]:
-    out = {recipe: fit_80gb(borrow(VITDET_B, 'no ReViT-B detection recipe was published; ViTDet\'s ViT-B recipe (a '
-                                             'plain ViT-B with a simple feature pyramid, as ours). Global attention '
-                                             'keeps every score map at detection sizes: expect the memory of '
-                                             'ViTDet\'s global blocks in all 12'), score_memory='factors')
+    out = {recipe: borrow(VITDET_B, 'no ReViT-B detection recipe was published; ViTDet\'s ViT-B recipe (a plain ViT-B '
+                                    'with a simple feature pyramid, as ours). Global attention keeps every score map '
+                                    'at detection sizes: expect the memory of ViTDet\'s global blocks in all 12')
            for recipe in ('mask_rcnn_1x', 'mask_rcnn_3x', 'cascade_mask_rcnn_3x', 'retinanet_1x')}
     out['upernet_160k_ade20k'] = borrow(
         MMSEG_VIT_B, 'no ReViT-B segmentation recipe was published; mmseg\'s ViT-B UperNet recipe')
@@ -622,7 +629,7 @@ def _family_recipes(token: str) -> Dict[str, TrainRecipe]:
 def recipe_for(token: str, recipe: str) -> TrainRecipe:
     """The recipe of the task config of backbone ``token`` (``configs/_base_/backbones/<token>.py``) and dense
     ``recipe`` (a key of :data:`SCHEDULES`)."""
-    recipes = _spread_3x(token, _family_recipes(token))
+    recipes = _fit_80gb(token, _family_recipes(token))
     if recipe not in recipes:
         raise KeyError(f'no {recipe!r} recipe for {token!r}; dense recipes: {sorted(recipes)}')
     return recipes[recipe]

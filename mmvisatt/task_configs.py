@@ -223,7 +223,8 @@ def _measured_memory(config_dir: str, name: str) -> str:
     row = _memory_rows(config_dir).get(name)
     if row is None:
         return ''
-    figures = [f"{row['per_gpu'] / 1e9:.1f} GB at {row['batch_per_gpu']} images per GPU"]
+    precision = f"AMP ({row['dtype']})" if row.get('amp') else 'float32'
+    figures = [f"{row['per_gpu'] / 1e9:.1f} GB at {row['batch_per_gpu']} images per GPU in {precision}"]
     if row.get('at_recipe_layout'):
         figures.append(f"{row['at_recipe_layout']['per_gpu'] / 1e9:.1f} GB at "
                        f"{row['at_recipe_layout']['batch_per_gpu']}")

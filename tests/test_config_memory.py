@@ -1,6 +1,7 @@
-"""What every dense config needs per GPU (tools/analysis/config_memory.py, docs/benchmarks.md): the counter, the
-training sizes, the meta-device backbone against the whole step on the CPU, and the generated table: a row for
-every dense config at its current model and batch, none over 80 GB."""
+"""What every dense config needs per GPU (tools/analysis/config_memory.py, docs/benchmarks.md): the counter in
+float32 and AMP, the training sizes, the calibration against the published OpenMMLab peaks, the meta-device backbone
+against the whole step on the CPU, the generated table (a row for every dense config at its current model, batch and
+precision, none over 80 GB) and the pre-flight's warning from it."""
 import json
 import os.path as osp
 
@@ -52,15 +53,39 @@ def test_a_batch_without_aspect_ratio_groups_is_padded_to_both_orientations():
     assert config_memory.training_size(cfg) == (800, 1333)
 
 
-@pytest.mark.parametrize('name', ['mask-rcnn_swin-t-p4-w7_fpn_1x_coco.py',
-                                  'mask-rcnn_swin-t-p4-w7_fpn_ms-crop-3x_coco.py'])
-def test_the_estimate_holds_against_mmdets_published_swin_t_peak(name):
-    """The table's method on mmdet's own float32 Swin-T Mask R-CNN configs (installed with mmdet): at or above
-    the max_memory_allocated mmdet publishes for them (8 GPUs x 2 images; 1x 7.6 GB, multi-scale crop 3x 10.2 GB),
-    and within 1.35 times it."""
+def test_amp_counts_each_tensor_at_autocasts_width_and_the_weights_copy_once():
+    """Under the AMP emulation a matrix product writes 2 bytes per element, a norm 4, and autocast's copy of the
+    weight counts once however often the weight is used; the weights themselves stay float32."""
+    linear = torch.nn.Linear(100, 100)
+    norm = torch.nn.LayerNorm(100)
+    x = torch.randn(8, 100)
+    tracker = config_memory.AutocastLiveBytes(list(linear.parameters()) + list(norm.parameters()))
+    with tracker:
+        tracker.add((list(linear.parameters()), x))
+        start = tracker.live
+        y = linear(x)
+        assert tracker.live - start == 8 * 100 * 2 + (100 * 100 + 100) * 2  # the output, the weights' copies
+        z = linear(y)
+        assert tracker.live - start == 2 * 8 * 100 * 2 + (100 * 100 + 100) * 2  # the copies are kept, not made again
+        n = norm(z)
+        assert tracker.widths(n) == 4 and tracker.widths(z) == 2
+    assert tracker.weight_copies == (100 * 100 + 100) * 2
+    assert start == (100 * 100 + 100 + 8 * 100) * 4
+
+
+@pytest.mark.parametrize('package,name', config_memory.CALIBRATION, ids=[n for _, n in config_memory.CALIBRATION])
+def test_the_estimate_holds_against_the_published_openmmlab_swin_peaks(package, name):
+    """The table's method on the Swin configs installed with mmdet and mmseg, in the precision each trains in,
+    beside the max_memory_allocated their packages publish (8 GPUs x 2 images; GiB). mmdet's four Mask R-CNN rows
+    (two fp16 AMP): at or above the published peak and within 1.35 times it. mmseg's three UperNet rows: 0.86-0.88
+    of it, an under-count the method cannot close on a CPU (docs/benchmarks.md, "How the rows were checked": mmseg's
+    runtime turns on cuDNN's benchmark mode, whose workspaces count in max_memory_allocated); pinned so that it
+    does not grow."""
     row, = config_memory.calibrate([name])
-    assert not row['amp'] and row['batch_per_gpu'] == 2
-    assert 1.0 <= row['ratio'] <= 1.35, row
+    assert row['amp'] == ('_amp-' in name) and row['dtype'] == ('fp16' if row['amp'] else 'float32')
+    assert row['batch_per_gpu'] == 2
+    low = 1.0 if package == 'mmdet' else 0.85
+    assert low <= row['ratio'] <= 1.35, row
 
 
 def test_the_backbone_on_the_meta_device_counts_what_the_whole_step_counts(tiny_det_config):
@@ -73,7 +98,7 @@ def test_the_backbone_on_the_meta_device_counts_what_the_whole_step_counts(tiny_
     assert abs(meta['fwd_bwd_peak'] / whole['fwd_bwd_peak'] - 1) < 0.02, (meta, whole)
     # the per-GPU bound: the one-image step plus the activations of each further image
     one = config_memory.per_gpu_bytes(whole, 1)
-    assert one == whole['fwd_bwd_peak'] + whole['grads'] + whole['optimizer_state']
+    assert one == whole['fwd_bwd_peak'] + 2 * whole['grads'] + whole['optimizer_state']  # DDP's buckets
     assert config_memory.per_gpu_bytes(whole, 3) - one == 2 * (whole['fwd_bwd_peak'] - whole['weights'])
 
 
@@ -95,6 +120,8 @@ def test_every_dense_config_has_a_row_of_its_model_and_batch_and_fits_80_gb(tabl
         assert row['key'] == config_memory.model_key(cfg, tuple(row['shape']), row['dtype']), \
             f'{name}: the model changed since its row was measured; run tools/analysis/config_memory.py {name}'
         assert row['per_gpu'] == config_memory.per_gpu_bytes(row['step'], row['batch_per_gpu'])
+        # in the precision the recipe trains in, with the attention kernels a GPU takes
+        assert row['dtype'] == (memory.amp_dtype(cfg) or 'float32') and row['kernels'] == 'gpu', name
         if row['per_gpu'] > limit:
             over.append((name, round(row['per_gpu'] / 1e9, 1)))
         # what a config turns on to save memory, it needs: its step is over 80 GB without it
@@ -163,8 +190,70 @@ def test_a_config_that_inherits_a_row_is_estimated_from_it_at_its_own_size(tmp_p
     assert shape == (400, 666)
     step = table['rows'][name]['step']
     full = config_memory.per_gpu_bytes(step, 64)
-    fixed = step['weights'] + step['grads'] + step['optimizer_state']
+    fixed = config_memory.per_gpu_bytes(step, 0)
     assert abs((estimate - fixed) / (full - fixed) - 400 * 666 / (800 * 1333)) < 1e-6
+
+
+def _logged(monkeypatch):
+    import mmengine.logging
+    logged, print_log = [], mmengine.logging.print_log
+    monkeypatch.setattr(mmengine.logging, 'print_log', lambda msg, *a, **k: logged.append(str(msg)) or print_log(
+        msg, *a, **k))
+    return logged
+
+
+@pytest.mark.parametrize('change,named', [
+    ('backbone=dict(with_cp=True)', 'model.backbone.with_cp = True (its row: default)'),
+    ("backbone=dict(window_size=8)", 'model.backbone.window_size = 8 (its row: default)')])
+def test_a_run_that_changes_its_rows_model_says_what_it_assumed(tmp_path, monkeypatch, change, named):
+    """Activation checkpointing (the warning's own first fix) or another window makes a model no row measured: the
+    estimate is the inherited row's, and the log and the warning say so, what changed and how to measure it."""
+    mine = tmp_path / 'mine.py'
+    mine.write_text(f"_base_ = [{osp.join(CONFIGS, 'mask_rcnn_reswin_t_1x.py')!r}]\nmodel = dict({change})\n"
+                    'train_dataloader = dict(batch_size=64)\n')
+    logged = _logged(monkeypatch)
+    warning, = memory.check_gpu_memory(Config.fromfile(str(mine)), str(mine))
+    note, = [m for m in logged if m.startswith('GPU memory')]
+    measure = f'python tools/analysis/config_memory.py {mine}'
+    assert 'no row of the measured table' in note and named in note and measure in note, note
+    assert 'row mask_rcnn_reswin_t_1x.py (inherited)' in warning and 'assumes the model of that row' in warning
+    assert named in warning and measure in warning
+
+
+def test_a_run_that_sets_another_presets_arch_is_estimated_from_that_presets_row(tmp_path, table, monkeypatch):
+    """The ReSwin-T detector with ReSwin-B's backbone and neck is ReSwin-B's detector: its row, not ReSwin-T's."""
+    mine = tmp_path / 'mine.py'
+    b = Config.fromfile(osp.join(CONFIGS, 'mask_rcnn_reswin_b_1x.py')).model
+    mine.write_text(f"_base_ = [{osp.join(CONFIGS, 'mask_rcnn_reswin_t_1x.py')!r}]\n"
+                    f"model = dict(backbone=dict(_delete_=True, **{b.backbone.to_dict()!r}), "
+                    f"neck=dict(in_channels={list(b.neck.in_channels)}))\ntrain_dataloader = dict(batch_size=16)\n")
+    cfg = Config.fromfile(str(mine))
+    row, step = memory.find_row(cfg, str(mine), table['rows'])
+    assert row['config'] == 'mask_rcnn_reswin_b_1x.py' and step is row['step']
+    logged = _logged(monkeypatch)
+    warning, = memory.check_gpu_memory(cfg, str(mine))
+    assert 'row mask_rcnn_reswin_b_1x.py (the same model)' in warning and not logged[:-1]
+    assert f"about {memory.per_gpu_bytes(row['step'], 16) / 1e9:.1f} GB per GPU" in warning
+
+
+def test_an_amp_row_bounds_a_float32_run_at_twice_its_activations(table, monkeypatch):
+    """On a GPU, a run of an AMP recipe turned to float32 is estimated from the AMP row with its activations
+    doubled; with no GPU visible, in the recipe's precision (the CPU's float32 fall-back is no GPU run)."""
+    name = 'mask_rcnn_reswin_t_1x.py'
+    cfg, path = _recipe(name)
+    row = table['rows'][name]
+    assert row['dtype'] == 'fp16' == memory.amp_dtype(cfg)
+    amp, _, _ = memory.estimate_per_gpu(cfg, row, dtype='fp16')
+    full, _, step = memory.estimate_per_gpu(cfg, row, dtype='float32')
+    fixed = config_memory.per_gpu_bytes(row['step'], 0) - row['step']['weight_copies']
+    assert full - fixed == pytest.approx(2 * (amp - fixed - row['step']['weight_copies']), rel=1e-6)
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
+    monkeypatch.setattr(memory, 'visible_gpu_memory', lambda: ((amp + full) / 2, 'a test GPU'))
+    cfg.optim_wrapper.type = 'OptimWrapper'
+    warning, = memory.check_gpu_memory(cfg, path)
+    assert 'in float32, from the row\'s AMP step' in warning and '--amp' in warning
+    cfg.optim_wrapper.type = 'AmpOptimWrapper'
+    assert memory.check_gpu_memory(cfg, path) == []
 
 
 def test_train_runs_the_memory_check_in_its_preflight(monkeypatch):

@@ -75,11 +75,15 @@ class LiveBytes(TorchDispatchMode):
             storage = t.untyped_storage()
             if storage in self._sizes:
                 continue
-            nbytes = storage.nbytes()
+            nbytes = self.nbytes(t)
             self._sizes[storage] = nbytes
             self.live += nbytes
             self.peak = max(self.peak, self.live)
             weakref.finalize(storage, self._release, nbytes)
+
+    def nbytes(self, t: torch.Tensor) -> int:
+        """The bytes ``t``'s storage counts for (a subclass may count another dtype than the one it has)."""
+        return t.untyped_storage().nbytes()
 
     def _release(self, nbytes: int) -> None:
         self.live -= nbytes

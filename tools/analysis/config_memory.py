@@ -6,28 +6,30 @@ largest height and width among them), with synthetic data (a detector's images h
 boxes and uint8 masks, with proposals around them as a trained RPN makes them; a segmentor's a label map;
 ``tools/analysis/benchmark.py``'s batches). One training step (forward, losses, backward, the config's optimizer)
 runs under :class:`~mmvisatt.testing.device_audit.LiveBytes`, which counts the bytes of the tensors alive, as CUDA's
-allocator counts ``max_memory_allocated``; ``scaled_dot_product_attention`` takes the kernels a GPU takes (flash, or
+allocator counts ``max_memory_allocated``, in the precision the config trains in: a config with ``AmpOptimWrapper``
+is measured as AMP runs it (:class:`AutocastLiveBytes`: each tensor at the width autocast gives it, the weights,
+gradients and optimizer state in float32). ``scaled_dot_product_attention`` takes the kernels a GPU takes (flash, or
 memory-efficient with a mask, which keeps no score matrix: the cost model's ``gpu_attention_kernels``). The backbone
-runs on the meta device; autocast does not reach it there, so a config trained with AMP is measured in float32, its
-upper bound.
+runs on the meta device.
 
-The row is reported per GPU at the config's ``train_dataloader.batch_size``:
+The row is reported per GPU at the config's ``train_dataloader.batch_size``
+(:func:`~mmvisatt.engine.preflight.memory.per_gpu_bytes`):
 
-    per GPU = weights + gradients + optimizer state + batch x (forward/backward peak of one image - weights)
+    per GPU = weights (+ AMP's copies) + 2 x gradients + optimizer state + batch x (peak of one image - weights)
 
 The forward/backward peak of one image holds the weights, the activations and the gradients made so far; counting
-the gradients once more in full and scaling the rest with the batch makes the row an upper bound of the step's
-``max_memory_allocated`` (it also counts each image's transient buffers, such as the mask targets, once per image,
-though the heads make them one image at a time). Not counted: the allocator's rounding to 512-byte blocks (0.14 MB
-of Swin-T Mask R-CNN's 8.1 GB), cuDNN/cuBLAS workspaces and fragmentation; ``--check-batch`` measures a second
-batch size directly, to compare; ``--calibrate`` runs the method on mmdet's own Swin configs beside the peaks mmdet
-publishes for them (:data:`MMDET_SWIN_PUBLISHED`).
+the gradients once more in full (DistributedDataParallel's buckets, which hold a copy of them) and scaling the rest
+with the batch makes the row an upper bound of the step's ``max_memory_allocated`` (it also counts each image's
+transient buffers, such as the mask targets, once per image, though the heads make them one image at a time).
+Not counted: the allocator's rounding to 512-byte blocks, cuDNN/cuBLAS workspaces and fragmentation.
+``--check-batch`` measures a second batch size directly, to compare; ``--calibrate`` runs the method on the
+OpenMMLab Swin configs whose peaks mmdet and mmseg publish (:data:`CALIBRATION`).
 
     python tools/analysis/config_memory.py configs/mask_rcnn_reswin_t_3x.py
     python tools/analysis/config_memory.py --all --out docs/config_memory.json --markdown docs/benchmarks.md
     python tools/analysis/config_memory.py --table docs/config_memory.json --markdown docs/benchmarks.md
     python tools/analysis/config_memory.py --all --presets reswin_t rmt_t --per-gpu-step --out steps.json
-    python tools/analysis/config_memory.py --calibrate
+    python tools/analysis/config_memory.py --calibrate --markdown docs/benchmarks.md
 
 ``--all`` measures every dense config (the configs of ``mmvisatt.task_configs.expected_configs`` that train a
 detector or a segmentor), sharing one measurement between configs whose model and training size are the same
@@ -54,29 +56,66 @@ from mmengine.config import Config
 sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
 # the development bench beside it
 from benchmark import BenchmarkSettings, ModelSpec, Workload, write_between_markers  # noqa: E402
-from roofline import gpu_attention_kernels  # noqa: E402
+from roofline import AutocastWidths, gpu_attention_kernels  # noqa: E402
 
-from mmvisatt.engine.preflight.memory import (GB, LIMIT_GB, TAIL_INSTANCES, model_key,  # noqa: E402
-                                              per_gpu_bytes, scaled_step, table_path, training_size)
+from mmvisatt.engine.preflight.memory import (GB, LIMIT_GB, TAIL_INSTANCES, amp_dtype,  # noqa: E402
+                                              model_key, per_gpu_bytes, scaled_step, table_path, training_size)
 from mmvisatt.recipes import GPUS  # noqa: E402
 from mmvisatt.task_configs import expected_configs  # noqa: E402
 from mmvisatt.testing.device_audit import LiveBytes  # noqa: E402
+
+GIB = 2 ** 30
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 CONFIG_DIR = osp.join(REPO, 'configs')
 # also the order of --per-gpu-step, which a time limit may cut short: every preset's Mask R-CNN first, then UperNet
 DENSE_PREFIXES = ('mask_rcnn_', 'upernet_', 'cascade_mask_rcnn_', 'retinanet_', 'fpn_', 'segformer_')
-AMP_AS_FLOAT32 = ('autocast does not reach the meta device the backbone runs on (its ops keep float32 there): '
-                  'the float32 step bounds the AMP one')
-#: mmdet's own published max_memory_allocated per GPU (8 GPUs x 2 images) for its Swin Mask R-CNN configs, in GB:
-#: open-mmlab/mmdetection@v3.3.0:configs/swin/README.md, the Mask R-CNN table's "Mem (GB)". The configs ship in
-#: the installed mmdet (mmdet/.mim/configs/swin/).
-MMDET_SWIN_PUBLISHED = {
-    'mask-rcnn_swin-t-p4-w7_fpn_1x_coco.py': 7.6,
-    'mask-rcnn_swin-t-p4-w7_fpn_ms-crop-3x_coco.py': 10.2,
-    'mask-rcnn_swin-t-p4-w7_fpn_amp-ms-crop-3x_coco.py': 7.8,
-    'mask-rcnn_swin-s-p4-w7_fpn_amp-ms-crop-3x_coco.py': 11.9,
-}
+#: the OpenMMLab configs whose published peak the method is held against (``--calibrate``): mmdet's four Swin
+#: Mask R-CNN rows (8 GPUs x 2 images, two of them fp16 AMP) and mmseg's Swin-T/S/B UperNet 512x512 rows (8 GPUs x
+#: 2 images, float32). The configs and their published ``max_memory_allocated`` ship in the installed packages:
+#: mmdet/.mim/configs/swin/metafile.yml "Training Memory (GB)" (open-mmlab/mmdetection@v3.3.0:
+#: configs/swin/metafile.yml) and mmseg/.mim/configs/swin/metafile.yaml "Memory (GB)"
+#: (open-mmlab/mmsegmentation@v1.2.2:configs/swin/metafile.yaml). Those figures are GiB: the training log's
+#: ``memory`` is ``max_memory_allocated / (1024 * 1024)`` (open-mmlab/mmcv@797fc9a:mmcv/runner/hooks/logger/text.py,
+#: ``_get_max_memory``), which the model-zoo script divides by 1024 (open-mmlab/mmdetection@05a9b36:
+#: .dev_scripts/gather_models.py, ``convert_model_info_to_pwc``).
+CALIBRATION = (('mmdet', 'mask-rcnn_swin-t-p4-w7_fpn_1x_coco'),
+               ('mmdet', 'mask-rcnn_swin-t-p4-w7_fpn_ms-crop-3x_coco'),
+               ('mmdet', 'mask-rcnn_swin-t-p4-w7_fpn_amp-ms-crop-3x_coco'),
+               ('mmdet', 'mask-rcnn_swin-s-p4-w7_fpn_amp-ms-crop-3x_coco'),
+               ('mmseg', 'swin-tiny-patch4-window7-in1k-pre_upernet_8xb2-160k_ade20k-512x512'),
+               ('mmseg', 'swin-small-patch4-window7-in1k-pre_upernet_8xb2-160k_ade20k-512x512'),
+               ('mmseg', 'swin-base-patch4-window7-in1k-pre_upernet_8xb2-160k_ade20k-512x512'))
+
+
+class AutocastLiveBytes(LiveBytes):
+    """:class:`LiveBytes` of a step under AMP, emulated where autocast does not run (the meta device, and the host
+    ops, which run in float32 here): each tensor counts at the width autocast gives it (the cost model's
+    :class:`~roofline.AutocastWidths`), and autocast's 2-byte copy of each weight a matrix product or convolution
+    reads counts from its first use (``weight_copies``) to the end of the step, as autocast's cache keeps it. The
+    parameters, their gradients and the optimizer state stay float32, as mmengine's ``AmpOptimWrapper`` keeps them.
+    An activation autocast casts keeps its float32 size here (its float32 original may die where its copy lives
+    on): an over-count."""
+
+    def __init__(self, weights: Sequence[torch.Tensor]) -> None:
+        super().__init__()
+        self.widths = AutocastWidths(weights)
+        self.weight_copies = 0
+
+    def nbytes(self, t: torch.Tensor) -> int:
+        return t.untyped_storage().nbytes() // t.element_size() * self.widths(t)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        moved = self.widths.record(func, args, kwargs, out)
+        for elements, _, of_weight in (moved[2] if moved else ()):
+            if of_weight:
+                self.weight_copies += 2 * elements
+                self.live += 2 * elements
+        self.add(out)
+        self.peak = max(self.peak, self.live)
+        return out
 
 
 def dense_configs(config_dir: str = CONFIG_DIR) -> List[str]:
@@ -84,7 +123,7 @@ def dense_configs(config_dir: str = CONFIG_DIR) -> List[str]:
 
 
 def uses_amp(cfg: Config) -> bool:
-    return str((cfg.get('optim_wrapper') or {}).get('type', '')).endswith('AmpOptimWrapper')
+    return amp_dtype(cfg) is not None
 
 
 def _state_bytes(optimizer: torch.optim.Optimizer) -> int:
@@ -166,12 +205,14 @@ def measure_step(config: str, shape: Tuple[int, int], dtype: str, batch_size: in
                  meta_backbone: bool = True, instances: int = TAIL_INSTANCES,
                  options: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """One training step of ``config``'s model at ``shape`` under :class:`LiveBytes`: bytes of the weights
-    (parameters and buffers), gradients, optimizer state, and the forward/backward peak. ``meta_backbone``: the
-    backbone runs on the meta device (:func:`run_backbone_on_meta`), the neck and heads on the host. A detector's
-    images hold ``instances`` boxes (and masks) each, and its proposals lie around them
-    (:func:`proposals_around_objects`). ``options`` replace backbone settings."""
-    settings = BenchmarkSettings(shape=shape, batch_size=batch_size, dtype=dtype, device='cpu', warmup=0, repeats=1,
-                                 boxes_per_image=instances)
+    (parameters and buffers), gradients, optimizer state, and the forward/backward peak. ``dtype`` ``'fp16'`` or
+    ``'bf16'``: the step as AMP runs it (:class:`AutocastLiveBytes`; the arithmetic stays float32), with the
+    weights' 2-byte copies (``weight_copies``). ``meta_backbone``: the backbone runs on the meta device
+    (:func:`run_backbone_on_meta`), the neck and heads on the host. A detector's images hold ``instances`` boxes
+    (and masks) each, and its proposals lie around them (:func:`proposals_around_objects`). ``options`` replace
+    backbone settings."""
+    settings = BenchmarkSettings(shape=shape, batch_size=batch_size, dtype='float32', device='cpu', warmup=0,
+                                 repeats=1, boxes_per_image=instances)
     workload = Workload(ModelSpec(config, options=dict(options or {})), settings)
     model, optimizer = workload.model, workload.optimizer
     if meta_backbone:
@@ -181,12 +222,13 @@ def measure_step(config: str, shape: Tuple[int, int], dtype: str, batch_size: in
     grads = sum(p.untyped_storage().nbytes() for p in params if p.requires_grad)
     model.train()
     start = time.perf_counter()
-    tracker = LiveBytes()
+    tracker = LiveBytes() if dtype == 'float32' else AutocastLiveBytes(params)
     with tracker, gpu_attention_kernels(), proposals_around_objects(model):
         tracker.add((params, list(model.buffers()), workload.batch))
-        with workload.autocast():
-            data = model.data_preprocessor(workload.batch, True)
-            loss, _ = model.parse_losses(model(**data, mode='loss'))
+        data = model.data_preprocessor(workload.batch, True)
+        loss, _ = model.parse_losses(model(**data, mode='loss'))
+        if dtype != 'float32':
+            tracker.widths.backward = True
         loss.backward()
         fwd_bwd_peak = tracker.peak
         optimizer.step()
@@ -194,7 +236,7 @@ def measure_step(config: str, shape: Tuple[int, int], dtype: str, batch_size: in
     state = _state_bytes(optimizer)
     optimizer.zero_grad(set_to_none=True)
     result = dict(batch=batch_size, meta_backbone=meta_backbone, weights=weights, grads=grads, optimizer_state=state,
-                  fwd_bwd_peak=fwd_bwd_peak,
+                  fwd_bwd_peak=fwd_bwd_peak, weight_copies=getattr(tracker, 'weight_copies', 0),
                   params=sum(p.numel() for p in params), loss=float(loss.detach()), seconds=round(seconds, 1))
     del workload, model, optimizer, data, loss, tracker
     gc.collect()
@@ -269,66 +311,83 @@ def _step(config: str, cfg: Config, shape: Tuple[int, int], dtype: str, cache: O
 
 def measure_config(config: str, shape: Optional[Tuple[int, int]] = None, cache: Optional[dict] = None,
                    check_batch: Optional[int] = None) -> Dict[str, Any]:
-    """The row of ``config``: its training size, dtype, per-GPU batch and GPUs, the one-image step and the per-GPU
-    bytes; for a config that turns on :func:`memory_settings`, also the per-GPU bytes without them (``without``:
-    why it turns them on). ``cache`` (model key -> step) shares measurements between configs. A config trained
-    with AMP is measured in float32, its upper bound: autocast does not reach the meta device the backbone runs
-    on."""
+    """The row of ``config``: its training size, dtype (float32, or the AMP dtype of its ``AmpOptimWrapper``,
+    :func:`amp_dtype`), per-GPU batch and GPUs, the one-image step and the per-GPU bytes; for a config spread over
+    more GPUs than its recipe's layout, the per-GPU bytes at that layout (``at_recipe_layout``: why it spreads);
+    for a config that turns on :func:`memory_settings`, also the per-GPU bytes without them (``without``: why it
+    turns them on). ``cache`` (model key -> step) shares measurements between configs. ``check_batch``: that many
+    images per GPU measured directly beside the bound (``check``)."""
     cfg = Config.fromfile(config)
     shape = tuple(shape) if shape else training_size(cfg)
-    amp = uses_amp(cfg)
-    dtype, why_float32 = 'float32', (AMP_AS_FLOAT32 if amp else None)
+    dtype = amp_dtype(cfg) or 'float32'
     key, step = _step(config, cfg, shape, dtype, cache)
     batch = int(cfg.train_dataloader.batch_size)
     total = (cfg.get('auto_scale_lr') or {}).get('base_batch_size')
-    row = dict(config=osp.basename(config), shape=list(shape), amp=amp, dtype=dtype, batch_per_gpu=batch,
-               total_batch=total, gpus=(total // batch if total and total % batch == 0 else None), key=key,
-               step=step, per_gpu=per_gpu_bytes(step, batch), upper_bound_float32=bool(amp and dtype == 'float32'),
-               kernels='gpu')
+    row = dict(config=osp.basename(config), shape=list(shape), amp=dtype != 'float32', dtype=dtype,
+               batch_per_gpu=batch, total_batch=total,
+               gpus=(total // batch if total and total % batch == 0 else None), key=key,
+               step=step, per_gpu=per_gpu_bytes(step, batch), kernels='gpu')
     if row['gpus'] and row['gpus'] != GPUS:
-        # spread over more GPUs than the recipe's own layout: the step at the recipe's images per GPU says why
         row['at_recipe_layout'] = dict(gpus=GPUS, batch_per_gpu=total // GPUS,
                                        per_gpu=per_gpu_bytes(step, total // GPUS))
     kept = memory_settings(cfg)
     if kept:
-        _, without = _step(config, cfg, shape, dtype, cache, {k: MEMORY_SETTINGS[k] for k in kept})
+        without_key, without = _step(config, cfg, shape, dtype, cache, {k: MEMORY_SETTINGS[k] for k in kept})
         row['without'] = dict(settings=', '.join(f'{k}={v!r}' for k, v in kept.items()),
-                              per_gpu=per_gpu_bytes(without, batch))
-    if why_float32:
-        row['why_float32'] = why_float32
+                              per_gpu=per_gpu_bytes(without, batch), key=without_key, step=without)
     if check_batch:
         direct = measure_step(config, shape, dtype, batch_size=check_batch)
-        row['check'] = dict(batch=check_batch, measured=direct['fwd_bwd_peak'] + direct['optimizer_state'],
+        # the direct step's peak holds every gradient by its end; DDP's buckets are counted beside it, as the bound does
+        row['check'] = dict(batch=check_batch,
+                            measured=direct['fwd_bwd_peak'] + direct['grads'] + direct['optimizer_state'],
                             formula=per_gpu_bytes(step, check_batch))
     return row
 
 
-def mmdet_swin_configs() -> str:
-    import mmdet
-    return osp.join(osp.dirname(mmdet.__file__), '.mim', 'configs', 'swin')
+def published_peak(package: str, name: str) -> Tuple[str, float]:
+    """The config file of ``package``'s (``'mmdet'`` or ``'mmseg'``) Swin config ``name`` as installed, and the
+    training ``max_memory_allocated`` per GPU (GiB) its metafile publishes for it."""
+    import importlib
+
+    import yaml
+    folder = osp.join(osp.dirname(importlib.import_module(package).__file__), '.mim', 'configs', 'swin')
+    metafile = next(osp.join(folder, f) for f in ('metafile.yml', 'metafile.yaml') if osp.isfile(osp.join(folder, f)))
+    with open(metafile) as f:
+        models = yaml.safe_load(f)['Models']
+    entry = next((m for m in models if m['Name'] == name), None)
+    if entry is None:
+        raise KeyError(f'{metafile} has no model {name!r}: the installed {package} is not the one the calibration '
+                       'names (tools/setup_env.sh installs it)')
+    meta = entry['Metadata']
+    return osp.join(folder, f'{name}.py'), float(meta.get('Training Memory (GB)', meta.get('Memory (GB)')))
 
 
 def calibrate(names: Optional[Sequence[str]] = None) -> List[Dict[str, Any]]:
-    """The table's method on mmdet's own Swin Mask R-CNN configs (those of :data:`MMDET_SWIN_PUBLISHED`, or
-    ``names``), each beside the ``max_memory_allocated`` mmdet publishes for it."""
+    """The table's method on the OpenMMLab Swin configs of :data:`CALIBRATION` (or those of them named in
+    ``names``), each beside the ``max_memory_allocated`` its package publishes for it, measured in the precision
+    it trains in."""
     rows = []
-    for name in names or MMDET_SWIN_PUBLISHED:
-        row = measure_config(osp.join(mmdet_swin_configs(), name))
-        published = MMDET_SWIN_PUBLISHED[name]
-        rows.append(dict(config=name, shape=row['shape'], batch_per_gpu=row['batch_per_gpu'], amp=row['amp'],
-                         dtype=row['dtype'], published_gb=published, estimate_gb=round(row['per_gpu'] / GB, 2),
-                         ratio=round(row['per_gpu'] / GB / published, 2)))
+    for package, name in CALIBRATION:
+        if names and name not in names and f'{name}.py' not in names:
+            continue
+        config, published = published_peak(package, name)
+        row = measure_config(config)
+        rows.append(dict(package=package, config=name, shape=row['shape'], batch_per_gpu=row['batch_per_gpu'],
+                         amp=row['amp'], dtype=row['dtype'], published_gib=published,
+                         estimate_gib=round(row['per_gpu'] / GIB, 2), step=row['step'],
+                         ratio=round(row['per_gpu'] / (published * GIB), 2)))
     return rows
 
 
 def calibration_table(rows: Iterable[Dict[str, Any]]) -> str:
-    lines = ['| mmdet config | batch shape | images / GPU | AMP | published (GB) | estimate (GB) | '
+    lines = ['| config | batch shape | images / GPU | precision | published (GiB) | estimate (GiB) | '
              'estimate / published |',
              '|---|---|---|---|---|---|---|']
     for row in rows:
-        amp = 'yes (estimated in float32)' if row['amp'] else 'no'
-        lines.append(f"| {row['config']} | {row['shape'][0]}x{row['shape'][1]} | {row['batch_per_gpu']} | {amp} | "
-                     f"{row['published_gb']} | {row['estimate_gb']:.2f} | {row['ratio']:.2f} |")
+        amp = f"AMP ({row['dtype']})" if row['amp'] else 'float32'
+        lines.append(f"| {row['package']} {row['config']} | {row['shape'][0]}x{row['shape'][1]} | "
+                     f"{row['batch_per_gpu']} | {amp} | "
+                     f"{row['published_gib']} | {row['estimate_gib']:.2f} | {row['ratio']:.2f} |")
     return '\n'.join(lines)
 
 
@@ -337,20 +396,18 @@ def _gb(n: int) -> str:
 
 
 def markdown_table(rows: Iterable[Dict[str, Any]]) -> str:
-    lines = ['| config | training size | batch / GPU (GPUs) | AMP | params (M) | one image (GB) | per GPU (GB) | '
+    lines = ['| config | training size | batch / GPU (GPUs) | precision | params (M) | one image (GB) | per GPU (GB) | '
              'per GPU without its memory settings (GB) |',
              '|---|---|---|---|---|---|---|---|']
     for row in sorted(rows, key=lambda r: r['config']):
         step = row['step']
-        one = per_gpu_bytes(step, 1) - step['grads']
+        one = per_gpu_bytes(step, 1) - 2 * step['grads']  # one image's step, not distributed
         gpus = f" ({row['gpus']})" if row.get('gpus') else ''
-        amp = 'float32, upper bound' if row['amp'] else 'no (float32)'
+        amp = f"AMP ({row['dtype']})" if row['amp'] else 'float32'
         flag = ' **over 80**' if row['per_gpu'] > LIMIT_GB * GB else ''
         without = row.get('without')
         without = f"{_gb(without['per_gpu'])} without {without['settings']}" if without else '-'
-        # rows measured before the step took the GPU's attention kernels (the host's instead) are marked
-        mark = '' if row.get('kernels') == 'gpu' else ' †'
-        lines.append(f"| {row['config']}{mark} | {row['shape'][0]}x{row['shape'][1]} | {row['batch_per_gpu']}{gpus} | "
+        lines.append(f"| {row['config']} | {row['shape'][0]}x{row['shape'][1]} | {row['batch_per_gpu']}{gpus} | "
                      f"{amp} | {step['params'] / 1e6:.1f} | {_gb(one)} | {_gb(row['per_gpu'])}{flag} | {without} |")
     return '\n'.join(lines)
 
@@ -436,7 +493,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         help="instead of the table's estimate: each config's training steps at its per-GPU batch on "
                              '--device (max_memory_allocated on CUDA, time per iteration)')
     parser.add_argument('--calibrate', action='store_true',
-                        help="the method on mmdet's Swin Mask R-CNN configs beside the peaks mmdet publishes")
+                        help="the method on mmdet's Swin Mask R-CNN and mmseg's Swin UperNet configs beside the peaks "
+                             'their packages publish')
     parser.add_argument('--device', default='cuda', help='for --per-gpu-step (default: cuda)')
     parser.add_argument('--steps', type=int, default=3, help='for --per-gpu-step: timed steps after the warm-up')
     args = parser.parse_args(argv)
@@ -450,7 +508,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(markdown_table(data['rows'].values()))
         return 0
     if args.calibrate:
-        print(calibration_table(calibrate()))
+        table = calibration_table(calibrate())
+        print(table)
+        if args.markdown:
+            write_between_markers(args.markdown, 'calibration', '<!-- written by tools/analysis/config_memory.py '
+                                  f'--calibrate --markdown {args.markdown} -->\n{table}')
         return 0
     configs = [osp.join(CONFIG_DIR, name) for name in dense_configs()] if args.all else args.configs
     if args.presets:
@@ -465,15 +527,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.out and osp.isfile(args.out):
         with open(args.out) as f:
             data = json.load(f)
-    cache = {row['key']: row['step'] for row in data['rows'].values()} if args.all else {}
+    # the steps already measured, of the configs as they are and without their memory settings
+    cache = {r['key']: r['step'] for row in data['rows'].values() for r in (row, row.get('without') or {})
+             if 'step' in r}
     when = datetime.date.today().isoformat()
     for config in configs:
         if args.resume and osp.basename(config) in data['rows']:
             continue
         row = measure_config(config, tuple(args.shape) if args.shape else None, cache, args.check_batch)
         data['rows'][row['config']] = row
-        print(json.dumps({k: v for k, v in row.items() if k != 'step'} | dict(
-            one_image_gb=round((per_gpu_bytes(row['step'], 1) - row['step']['grads']) / GB, 2),
+        print(json.dumps({k: v for k, v in row.items() if k not in ('step', 'without')} | dict(
+            one_image_gb=round((per_gpu_bytes(row['step'], 1) - 2 * row['step']['grads']) / GB, 2),
             per_gpu_gb=round(row['per_gpu'] / GB, 2), seconds=row['step']['seconds'])), flush=True)
         if args.out:
             data.update(measured=when, method=__doc__.split('\n\n')[1].replace('\n', ' '),

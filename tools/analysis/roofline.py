@@ -35,7 +35,7 @@ import math
 import os.path as osp
 import sys
 from collections import defaultdict
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -89,11 +89,14 @@ def _convolution_backward_flops(grad_output, input, weight, bias_sizes, stride, 
     return forward * (int(output_mask[0]) + int(output_mask[1]))
 
 
-class CostModel(TorchDispatchMode):
-    """Records every kernel of the ops run under it: name, FLOPs, bytes (at autocast's dtypes), time."""
+class AutocastWidths:
+    """The bytes per element autocast gives each tensor (bf16 or fp16 alike), for tensors on which autocast does
+    not run (the meta device): a matrix product or convolution reads and writes 2 bytes, casting a wider operand
+    first (a weight once per step, as autocast's cache keeps its copy); the ops of :data:`FLOAT32` write float32;
+    the others write the wider of their dimensioned inputs. :meth:`record` follows one op. Shared by the cost
+    model and the memory table (``config_memory.py``)."""
 
     def __init__(self, weights: Sequence[torch.Tensor] = ()) -> None:
-        super().__init__()
         self.width: WeakIdKeyDictionary = WeakIdKeyDictionary()  # tensor -> bytes per element under autocast
         self.weight_of: WeakIdKeyDictionary = WeakIdKeyDictionary()  # a weight or a view of it -> the weight's id
         for w in weights:
@@ -101,10 +104,70 @@ class CostModel(TorchDispatchMode):
         self.cast_weights: set = set()
         self.cast: WeakIdKeyDictionary = WeakIdKeyDictionary()  # activations cast in the forward (saved in bf16)
         self.backward = False
+
+    def __call__(self, t: torch.Tensor) -> int:
+        return self.width.get(t, t.element_size())
+
+    def record(self, func, args, kwargs, out) -> Optional[Tuple[int, int, List[Tuple[int, int, bool]]]]:
+        """Give ``out`` (the result of ``func(*args, **kwargs)``) its widths. For an op that launches a kernel:
+        the bytes it reads and writes, and the casts autocast makes before it, as (elements, their width, of a
+        weight); None
+        for a view or an op that makes a tensor without touching it."""
+        if func.is_view or func.overloadpacket in FREE:
+            source = next((a for a in tree_leaves(args) if isinstance(a, torch.Tensor)), None)
+            for t in tree_leaves(out):
+                if isinstance(t, torch.Tensor) and source is not None:
+                    self.width[t] = self(source)
+                    if source in self.weight_of:
+                        self.weight_of[t] = self.weight_of[source]
+            return None
+        inputs = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        outputs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+        floating = [t for t in inputs if t.is_floating_point()]
+        packet = func.overloadpacket
+        casts = []
+        if packet in LOWER:
+            for t in floating:
+                weight = self.weight_of.get(t)
+                # autocast keeps a weight's bf16 copy for the step, and the backward reads the bf16 copies the
+                # forward saved
+                if self(t) <= 2 or weight in self.cast_weights or (self.backward and t in self.cast):
+                    continue
+                casts.append((t.numel(), self(t), weight is not None))
+                if weight is not None:
+                    self.cast_weights.add(weight)
+                elif not self.backward:
+                    self.cast[t] = True
+            read = sum(t.numel() * (2 if t.is_floating_point() else t.element_size()) for t in inputs)
+            width = 2
+        else:
+            read = sum(t.numel() * self(t) for t in inputs)
+            # type promotion: a 0-d tensor (a gate, a scale) does not widen the dimensioned tensors it meets
+            promoting = [t for t in floating if t.dim() > 0] or floating
+            width = 4 if packet in FLOAT32 else max((self(t) for t in promoting), default=4)
+        for t in outputs:
+            if t.is_floating_point():
+                self.width[t] = width
+        written = sum(t.numel() * (self(t) if t.is_floating_point() else t.element_size()) for t in outputs)
+        return read, written, casts
+
+
+class CostModel(TorchDispatchMode):
+    """Records every kernel of the ops run under it: name, FLOPs, bytes (at autocast's dtypes:
+    :class:`AutocastWidths`), time."""
+
+    def __init__(self, weights: Sequence[torch.Tensor] = ()) -> None:
+        super().__init__()
+        self.widths = AutocastWidths(weights)
         self.kernels: List[Dict[str, Any]] = []
 
-    def _width(self, t: torch.Tensor) -> int:
-        return self.width.get(t, t.element_size())
+    @property
+    def backward(self) -> bool:
+        return self.widths.backward
+
+    @backward.setter
+    def backward(self, value: bool) -> None:
+        self.widths.backward = value
 
     def _kernel(self, name: str, flops: int, moved: int) -> None:
         compute, memory = flops / PEAK_FLOPS, moved / BANDWIDTH
@@ -114,41 +177,13 @@ class CostModel(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        if func.is_view or func.overloadpacket in FREE:
-            source = next((a for a in tree_leaves(args) if isinstance(a, torch.Tensor)), None)
-            for t in tree_leaves(out):
-                if isinstance(t, torch.Tensor) and source is not None:
-                    self.width[t] = self._width(source)
-                    if source in self.weight_of:
-                        self.weight_of[t] = self.weight_of[source]
+        moved = self.widths.record(func, args, kwargs, out)
+        if moved is None:
             return out
-        inputs = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
-        outputs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
-        floating = [t for t in inputs if t.is_floating_point()]
+        read, written, casts = moved
+        for elements, width, _ in casts:  # a cast reads the wide tensor and writes its 2-byte copy
+            self._kernel('autocast cast to bf16', 0, elements * (width + 2))
         packet = func.overloadpacket
-        if packet in LOWER:
-            for t in floating:
-                weight = self.weight_of.get(t)
-                # autocast keeps a weight's bf16 copy for the step, and the backward reads the bf16 copies the
-                # forward saved
-                if self._width(t) <= 2 or weight in self.cast_weights or (self.backward and t in self.cast):
-                    continue
-                self._kernel('autocast cast to bf16', 0, t.numel() * (self._width(t) + 2))
-                if weight is not None:
-                    self.cast_weights.add(weight)
-                elif not self.backward:
-                    self.cast[t] = True
-            read = sum(t.numel() * (2 if t.is_floating_point() else t.element_size()) for t in inputs)
-            width = 2
-        else:
-            read = sum(t.numel() * self._width(t) for t in inputs)
-            # type promotion: a 0-d tensor (a gate, a scale) does not widen the dimensioned tensors it meets
-            promoting = [t for t in floating if t.dim() > 0] or floating
-            width = 4 if packet in FLOAT32 else max((self._width(t) for t in promoting), default=4)
-        for t in outputs:
-            if t.is_floating_point():
-                self.width[t] = width
-        written = sum(t.numel() * (self._width(t) if t.is_floating_point() else t.element_size()) for t in outputs)
         if packet is aten.convolution_backward:
             flops = _convolution_backward_flops(*args)
         else:

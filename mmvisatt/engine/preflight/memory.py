@@ -124,20 +124,50 @@ def is_detector(cfg: Config) -> bool:
     return any(head in cfg.model for head in ('rpn_head', 'roi_head', 'bbox_head'))
 
 
+def _sizes_only(value: Any) -> Any:
+    """``value`` (a model's config) without where its weights come from (``init_cfg``, ``pretrained``), which
+    changes no tensor's size."""
+    if isinstance(value, dict):
+        return {k: _sizes_only(v) for k, v in value.items() if k not in ('init_cfg', 'pretrained')}
+    if isinstance(value, (list, tuple)):
+        return [_sizes_only(v) for v in value]
+    return value
+
+
 def model_key(cfg: Config, shape: Tuple[int, int], dtype: str) -> str:
     """Configs with the same model, optimizer type, size and dtype share one measurement (the learning rate, which
-    the 1x and 3x recipes set apart, changes no tensor's size); a detector's also names its instances per image."""
+    the 1x and 3x recipes set apart, and the weights a model starts from change no tensor's size); a detector's
+    also names its instances per image."""
     optimizer = ((cfg.get('optim_wrapper') or {}).get('optimizer') or {}).get('type')
-    key = [cfg.model.to_dict(), optimizer, shape, dtype] + ([TAIL_INSTANCES] if is_detector(cfg) else [])
+    key = [_sizes_only(cfg.model.to_dict()), optimizer, shape, dtype]
+    key += [TAIL_INSTANCES] if is_detector(cfg) else []
     text = json.dumps(key, sort_keys=True, default=str)
     return hashlib.sha1(text.encode()).hexdigest()[:12]
 
 
+def amp_dtype(cfg: Config) -> Optional[str]:
+    """``'fp16'`` or ``'bf16'`` for a config trained with mmengine's ``AmpOptimWrapper`` (float16 unless it names
+    another dtype), None for one trained in float32."""
+    wrapper = cfg.get('optim_wrapper') or {}
+    if not str(wrapper.get('type', '')).endswith('AmpOptimWrapper'):
+        return None
+    return 'bf16' if str(wrapper.get('dtype') or 'float16') in ('bfloat16', 'torch.bfloat16', 'bf16') else 'fp16'
+
+
 def per_gpu_bytes(step: Dict[str, Any], batch_size: int) -> int:
-    """The module docstring's upper bound at ``batch_size`` images per GPU, from a :func:`measure_step` of
-    ``step['batch']`` images (one, or two for a model whose BatchNorm sees a single value per channel at one)."""
-    per_image = (step['fwd_bwd_peak'] - step['weights']) / step.get('batch', 1)
-    return int(step['weights'] + step['grads'] + step['optimizer_state'] + batch_size * per_image)
+    """The upper bound of ``tools/analysis/config_memory.py``'s table at ``batch_size`` images per GPU, from a
+    measured step of ``step['batch']`` images (one, or two for a model whose BatchNorm sees a single value per
+    channel at one)::
+
+        weights (+ AMP's 2-byte copies) + gradients + DDP's gradient buckets + optimizer state
+            + batch x (forward/backward peak of one image - weights)
+
+    Distributed training keeps its gradients twice: ``DistributedDataParallel`` all-reduces them through buckets of
+    their size, and mmengine's wrapper leaves ``gradient_as_bucket_view`` off (torch/nn/parallel/distributed.py,
+    the argument's documentation: "the saved memory size will be equal to the total gradients size")."""
+    once = step['weights'] + step.get('weight_copies', 0)
+    per_image = (step['fwd_bwd_peak'] - once) / step.get('batch', 1)
+    return int(once + 2 * step['grads'] + step['optimizer_state'] + batch_size * per_image)
 
 
 def table_path() -> Optional[str]:
@@ -191,50 +221,127 @@ def scaled_step(row: Dict[str, Any], shape: Sequence[int]) -> Dict[str, Any]:
     step = dict(row['step'])
     scale = (shape[0] * shape[1]) / (row['shape'][0] * row['shape'][1])
     if scale != 1:
-        step['fwd_bwd_peak'] = step['weights'] + (step['fwd_bwd_peak'] - step['weights']) * scale
+        once = step['weights'] + step.get('weight_copies', 0)
+        step['fwd_bwd_peak'] = once + (step['fwd_bwd_peak'] - once) * scale
     return step
 
 
-def estimate_per_gpu(cfg: Config, row: Dict[str, Any]) -> Tuple[int, Tuple[int, int], Dict[str, Any]]:
-    """The per-GPU peak of ``cfg``'s training step from ``row``: its bound at the batch ``cfg`` asks for, with the
-    activations scaled by pixels where ``cfg``'s pipeline makes another size than the row's; that size, and the
-    step the bound is computed from."""
+def row_step(cfg: Config, row: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+    """The measured step of ``row`` whose model is ``cfg``'s (the row as measured, or without its memory settings),
+    None where ``cfg`` changes the model (another arch, ``with_cp``, another head or optimizer type)."""
+    for measured in (row, row.get('without') or {}):
+        if measured.get('key') == model_key(cfg, tuple(row['shape']), row['dtype']) and 'step' in measured:
+            return measured['step']
+    return None
+
+
+def find_row(cfg: Config, config_file: str, rows: Dict[str, Dict[str, Any]]
+             ) -> Tuple[Optional[Dict[str, Any]], Optional[Dict[str, Any]]]:
+    """The row that measured ``cfg``'s model and its step: the row of ``config_file`` or of the nearest config it
+    inherits from, else any row of the same model (a run that sets another preset's arch finds that preset's row).
+    Where none did: the inherited row (or None) and None."""
+    inherited = table_row(config_file, rows)
+    for row in [inherited] + [r for r in rows.values() if r is not inherited]:
+        step = row_step(cfg, row) if row else None
+        if step is not None:
+            return row, step
+    return inherited, None
+
+
+def _model_changes(cfg: Config, row_config: Optional[str]) -> str:
+    """The model keys ``cfg`` sets apart from the config ``row_config`` (a path), as ``key = ours (its row: theirs)``,
+    a key one of them leaves to the default as ``default``."""
+    if row_config is None or not osp.isfile(row_config):
+        return ''
+    theirs = _flat(_sizes_only(Config.fromfile(row_config).model.to_dict()), 'model')
+    ours = _flat(_sizes_only(cfg.model.to_dict()), 'model')
+    missing = object()
+    changed = [f"{k} = {_shown(ours.get(k, missing), missing)} (its row: {_shown(theirs.get(k, missing), missing)})"
+               for k in sorted(set(ours) | set(theirs)) if ours.get(k, missing) != theirs.get(k, missing)]
+    return ', '.join(changed[:3]) + (f' and {len(changed) - 3} more' if len(changed) > 3 else '')
+
+
+def _shown(value: Any, missing: Any) -> str:
+    return 'default' if value is missing else repr(value)
+
+
+def _flat(value: Any, prefix: str) -> Dict[str, Any]:
+    if isinstance(value, dict):
+        return {k: v for key, item in value.items() for k, v in _flat(item, f'{prefix}.{key}').items()}
+    return {prefix: value}
+
+
+def estimate_per_gpu(cfg: Config, row: Dict[str, Any], step: Optional[Dict[str, Any]] = None,
+                     dtype: Optional[str] = None) -> Tuple[int, Tuple[int, int], Dict[str, Any]]:
+    """The per-GPU peak of ``cfg``'s training step from ``row`` (its ``step``, the row's own by default): its bound at
+    the batch ``cfg`` asks for, with the activations scaled by pixels where ``cfg``'s pipeline makes another size
+    than the row's, and doubled where the row was measured in AMP and the run (``dtype``) trains in float32 (each
+    tensor takes at least 2 bytes under autocast); that size, and the step the bound is computed from."""
     try:
         shape = training_size(cfg)
     except (ValueError, TypeError, KeyError, IndexError, AttributeError):
         # a pipeline the walker cannot read (no resize, a transform of its own): the row's size
         shape = tuple(row['shape'])
-    step = scaled_step(row, shape)
+    step = scaled_step(dict(row, step=step or row['step']), shape)
+    if row['dtype'] != 'float32' and (dtype or row['dtype']) == 'float32':
+        once = step['weights'] + step.get('weight_copies', 0)
+        step.update(fwd_bwd_peak=step['weights'] + 2 * (step['fwd_bwd_peak'] - once), weight_copies=0)
     return per_gpu_bytes(step, int(cfg.train_dataloader.batch_size)), shape, step
 
 
 def check_gpu_memory(cfg: Config, config_file: str, table: Optional[str] = None) -> List[str]:
     """Warn (and return the warning) when the estimated per-GPU peak of the run exceeds the visible GPU's memory,
-    naming the estimate, where it comes from, and the fixes."""
+    naming the estimate, where it comes from, and the fixes. The run is estimated from the row of its own model
+    (:func:`find_row`) in its precision (with no GPU visible, in the recipe's: the float32 fall-back is the CPU's).
+    Where no row measured its model (another arch than its preset's, ``with_cp`` turned on), it is estimated from
+    the row it inherits, and the log says so, what the run changes and how to measure it."""
+    import torch
+    from mmengine.logging import print_log
     table = table or table_path()
     if table is None or not cfg.get('train_dataloader'):
         return []
     with open(table) as f:
         rows = json.load(f)['rows']
-    row = table_row(config_file, rows)
+    row, step = find_row(cfg, config_file, rows)
     if row is None:
         return []
-    estimate, shape, step = estimate_per_gpu(cfg, row)
+    chain = _config_chain(config_file)
+    inherited = next((p for p in chain if osp.basename(p) == row['config']), None)
+    source = (row['config'] if row['config'] == osp.basename(config_file) else
+              f"{row['config']} ({'inherited' if inherited else 'the same model'})")
+    assumed = ''
+    if step is None:
+        step = row['step']
+        changes = _model_changes(cfg, inherited)
+        assumed = (f'; no row measured this run\'s model, so this assumes the model of that row, which the run '
+                   f'changes{" in " + changes if changes else ""}: measure it with python '
+                   f'tools/analysis/config_memory.py {config_file}')
+        print_log(f'GPU memory: no row of the measured table (docs/config_memory.json) measured this run\'s model: '
+                  f'it is estimated from row {source}, whose model it changes{" in " + changes if changes else ""}. '
+                  f'Measure it: python tools/analysis/config_memory.py {config_file}', logger='current')
+    dtype = (amp_dtype(cfg) or 'float32') if torch.cuda.is_available() else row['dtype']
+    estimate, shape, step = estimate_per_gpu(cfg, row, step, dtype)
     memory, device = visible_gpu_memory()
     if estimate <= memory:
         return []
     batch = int(cfg.train_dataloader.batch_size)
     per_image = per_gpu_bytes(step, 2) - per_gpu_bytes(step, 1)
     fits = int((memory - per_gpu_bytes(step, 0)) // per_image) if per_image > 0 else 0
-    source = row['config'] if row['config'] == osp.basename(config_file) else f"{row['config']} (inherited)"
     scaled = '' if list(shape) == list(row['shape']) else f", scaled from its {row['shape'][0]}x{row['shape'][1]}"
-    fewer = (f'or train {fits} images per GPU on more GPUs (--cfg-options train_dataloader.batch_size={fits}, and '
-             '--auto-scale-lr where the total batch changes)' if fits >= 1 else
-             'as not one image fits by this estimate, a GPU with more memory')
+    precision = 'float32' if dtype == 'float32' else f'AMP ({dtype})'
+    if dtype != row['dtype']:
+        precision += f", from the row's {'float32' if row['dtype'] == 'float32' else 'AMP'} step"
+    fixes = []
+    if not (cfg.model.get('backbone') or {}).get('with_cp'):
+        fixes.append("checkpoint the backbone's activations (--cfg-options model.backbone.with_cp=True)")
+    if dtype == 'float32':
+        fixes.append('train with mixed precision (--amp)')
+    fixes.append(f'train {fits} images per GPU on more GPUs (--cfg-options train_dataloader.batch_size={fits}, and '
+                 '--auto-scale-lr where the total batch changes)' if fits >= 1 else
+                 'as not one image fits by this estimate, a GPU with more memory')
     message = (f'this run needs about {estimate / GB:.1f} GB per GPU at {batch} images per GPU of '
-               f'{shape[0]}x{shape[1]} (the measured table docs/config_memory.json, row {source}{scaled}; an upper '
-               f'bound of max_memory_allocated), more than the {memory / GB:.1f} GB of the GPU ({device}). Fix: '
-               "checkpoint the backbone's activations (--cfg-options model.backbone.with_cp=True), " + fewer + '.')
-    from mmengine.logging import print_log
+               f'{shape[0]}x{shape[1]} in {precision} (the measured table docs/config_memory.json, row '
+               f'{source}{scaled}; an upper bound of max_memory_allocated{assumed}), more than the '
+               f'{memory / GB:.1f} GB of the GPU ({device}). Fix: ' + ', or '.join(fixes) + '.')
     print_log(message, logger='current', level=30)
     return [message]
