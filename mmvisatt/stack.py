@@ -130,6 +130,13 @@ def stack_problems(imported: Mapping[str, Optional[str]], dists: Mapping[str, Op
                                 f'({STACK_NAMES[stack]}); with it use {wanted[name].requirement()}')
             elif not libs[name].accepts(version):
                 problems.append(f'{libs[name].dist} {version} is installed; accepted: {libs[name].requirement()}')
+        # what Python imports, where another copy (an old checkout on PYTHONPATH) comes before the installed one
+        shadow = imported.get(name)
+        if shadow and not wanted[name].accepts(shadow):
+            installed = ', '.join(f'{libs[name].dist} {dists[libs[name].dist]}' for libs in STACKS.values()
+                                  if dists.get(libs[name].dist)) or 'no distribution'
+            problems.append(f'{name} imports as {shadow} ({installed} installed): another copy comes first on '
+                            f'sys.path (an old checkout on PYTHONPATH?); accepted: {wanted[name].requirement()}')
     return problems
 
 

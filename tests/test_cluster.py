@@ -2,11 +2,13 @@
 resume), one run per work dir, URL checkpoints that cannot load the wrong file or hang, phone photos, and the
 smaller refusals of the same path. See docs/reliability.md."""
 import contextlib
+import errno
 import io
 import json
 import logging
 import os
 import signal
+import re
 import socket
 import struct
 import subprocess
@@ -24,8 +26,9 @@ from mmvisatt.checkpoint import (CheckpointDownloadError, CheckpointMismatchErro
                                  load_checkpoint_file, url_cache_path)
 from mmvisatt.datasets.transforms import CorruptImageError
 from mmvisatt.engine import entrypoints
-from mmvisatt.engine.preflight import (AnnotationError, WorkDirInUseError, WorkDirLock, check_dataset_contents,
-                                       claim_work_dir, work_dir)
+from mmvisatt.engine.preflight import (AnnotationError, WorkDirError, WorkDirInUseError, WorkDirLock,
+                                       check_dataset_contents, claim_work_dir, work_dir)
+from mmvisatt.engine.preflight.work_dir import LOCK_NAME as LOCK
 from test_preflight import _coco_folder, _det_cfg
 from test_weights import _Server
 from mmvisatt.engine.reliability import NothingToResumeError, TrainingPreempted
@@ -38,15 +41,18 @@ from test_reliability import (FAULT, NO_VAL, RESUME_OPTIONS, _assert_bitwise_equ
 # ---------------------------------------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_sigterm_saves_at_the_next_iteration_and_resumes_exactly(tiny_configs, tmp_path):  # noqa: F811
-    """SIGTERM arrives before iteration 3 (checkpoints every 2): the run finishes iteration 3, saves iter_3.pth,
-    says so and exits with 143; --resume continues from it to the reference's weights, bit for bit."""
+    """SIGTERM arrives before iteration 3 (checkpoints every 2), to the trainer and its dataloader worker, as Slurm
+    signals every process of a job step: the worker keeps serving batches, the run finishes iteration 3, saves
+    iter_3.pth, says so and exits with 143; --resume continues from it to the reference's weights, bit for bit."""
     config = tiny_configs['mask_rcnn']
     _run(config, tmp_path / 'reference', RESUME_OPTIONS)
     work = tmp_path / 'preempted'
     log = _run(config, work, RESUME_OPTIONS + FAULT + ['default_hooks.fault.at_iter=3',
+                                                       'default_hooks.fault.children=True',
                                                        f'default_hooks.fault.sig={int(signal.SIGTERM)}'],
                expect_kill=128 + signal.SIGTERM)
     assert 'SIGTERM received: saving a checkpoint at the next iteration boundary' in log
+    assert 'killed by signal' not in log
     assert f'stopped: SIGTERM at iteration 3: saved {work / "iter_3.pth"}. Run the same command with --resume' \
         in log
     assert 'Traceback' not in log
@@ -54,6 +60,38 @@ def test_sigterm_saves_at_the_next_iteration_and_resumes_exactly(tiny_configs, t
     log = _run(config, work, RESUME_OPTIONS, extra=['--resume'])
     assert f'--resume: resuming from {work / "iter_3.pth"}' in log
     _assert_bitwise_equal(_ckpt(tmp_path / 'reference' / 'iter_6.pth'), _ckpt(work / 'iter_6.pth'))
+
+
+@pytest.mark.slow
+def test_every_rank_and_worker_signalled_under_dist_train_exits_preempted(tiny_configs, tmp_path):  # noqa: F811
+    """Slurm's preemption as it comes: SIGTERM to every process of the step (torchrun, both ranks, their dataloader
+    workers; here each rank signals itself and its worker before iteration 3, and the test torchrun and the
+    script). Both ranks stop at iteration 4 with iter_4.pth on disk and tools/dist_train.sh exits with 143."""
+    config = str(tmp_path / 'sync_every_2.py')
+    with open(config, 'w') as f:
+        f.write(f"_base_ = [{tiny_configs['mask_rcnn']!r}]\n"
+                "custom_hooks = [dict(type='PreemptionHook', sync_interval=2)]\n")
+    work = tmp_path / 'preempted'
+    log = _run(config, work, RESUME_OPTIONS + FAULT + [
+        'default_hooks.fault.at_iter=3', 'default_hooks.fault.children=True', 'default_hooks.fault.parents=True',
+        f'default_hooks.fault.sig={int(signal.SIGTERM)}'], procs=2, expect_kill=128 + signal.SIGTERM)
+    assert f'stopped: SIGTERM at iteration 4: saved {work / "iter_4.pth"}' in log
+    assert 'killed by signal' not in log and len(_ckpt(work / 'iter_4.pth')['rng_states']) == 2
+
+
+def test_a_signal_during_a_validation_stops_it_with_the_checkpoint_named(tiny_det_config, tmp_path):
+    """SIGTERM (to the trainer and its workers) during the validation after iteration 2, whose checkpoint is not
+    due (every 4): the validation stops after its second batch of four, iter_2.pth is written and named, exit
+    143."""
+    with pytest.raises(TrainingPreempted) as stopped:
+        entrypoints.train_main([tiny_det_config, '--demo', '--work-dir', str(tmp_path), '--cfg-options',
+                                'train_cfg.max_iters=4', 'train_cfg.val_interval=2', 'val_dataloader.dataset.indices=4',
+                                'default_hooks.checkpoint.interval=4', 'visualizer.name=validation_stop',
+                                *FAULT, 'default_hooks.fault.point=validation', 'default_hooks.fault.at_iter=2',
+                                'default_hooks.fault.children=True', f'default_hooks.fault.sig={int(signal.SIGTERM)}'])
+    assert stopped.value.code == 128 + signal.SIGTERM
+    assert str(stopped.value).startswith(f'SIGTERM at iteration 2: saved {tmp_path / "iter_2.pth"}')
+    assert (tmp_path / 'iter_2.pth').is_file() and not (tmp_path / 'iter_4.pth').exists()
 
 
 def test_a_run_that_saves_no_checkpoint_stops_saying_so(tiny_det_config, tmp_path):
@@ -71,9 +109,10 @@ def test_a_run_that_saves_no_checkpoint_stops_saying_so(tiny_det_config, tmp_pat
 
 @pytest.mark.slow
 def test_a_signal_to_one_rank_stops_every_rank_at_the_same_iteration(tiny_configs, tmp_path):  # noqa: F811
-    """Two processes; only rank 0 gets SIGUSR1 (Slurm's --signal=USR1@SECONDS), before iteration 3. The ranks
-    compare flags every 2 iterations, so both stop after iteration 4, whose checkpoint holds both ranks' RNG states;
-    the resume ends with the uninterrupted run's weights."""
+    """Two processes under tools/dist_train.sh; only rank 0 and its dataloader worker get SIGUSR1 (Slurm's
+    --signal=USR1@SECONDS), before iteration 3. The ranks compare flags every 2 iterations, so both stop after
+    iteration 4, whose checkpoint holds both ranks' RNG states, and dist_train.sh exits with 138, the saved stop
+    (torchrun alone reports a failure); the resume ends with the uninterrupted run's weights."""
     config = str(tmp_path / 'sync_every_2.py')
     with open(config, 'w') as f:
         f.write(f"_base_ = [{tiny_configs['mask_rcnn']!r}]\n"
@@ -81,8 +120,8 @@ def test_a_signal_to_one_rank_stops_every_rank_at_the_same_iteration(tiny_config
     _run(config, tmp_path / 'reference', RESUME_OPTIONS, procs=2)
     work = tmp_path / 'preempted'
     log = _run(config, work, RESUME_OPTIONS + FAULT + [
-        'default_hooks.fault.at_iter=3', 'default_hooks.fault.rank=0',
-        f'default_hooks.fault.sig={int(signal.SIGUSR1)}'], procs=2, expect_kill=True)
+        'default_hooks.fault.at_iter=3', 'default_hooks.fault.rank=0', 'default_hooks.fault.children=True',
+        f'default_hooks.fault.sig={int(signal.SIGUSR1)}'], procs=2, expect_kill=128 + signal.SIGUSR1)
     assert f'stopped: SIGUSR1 at iteration 4: saved {work / "iter_4.pth"}' in log
     assert not (work / 'iter_6.pth').exists()
     assert len(_ckpt(work / 'iter_4.pth')['rng_states']) == 2
@@ -172,6 +211,49 @@ def test_stale_locks_are_recognised_on_this_host_and_on_a_shared_file_system(tmp
     _lock(tmp_path / 'live', proc_start=work_dir._process_start(os.getpid()))
     with pytest.raises(WorkDirInUseError):
         WorkDirLock(str(tmp_path / 'live')).acquire()
+
+
+def test_an_empty_lock_left_by_a_failed_write_is_taken_over(tmp_path):
+    """A run that could not write its lock (a full disk) left it empty: a second ago it may be being written (the
+    folder is refused), after EMPTY_STALE_S seconds it is stale and taken over."""
+    path = tmp_path / LOCK
+    path.write_text('')
+    with pytest.raises(WorkDirInUseError):
+        WorkDirLock(str(tmp_path)).acquire()
+    old = os.stat(path).st_mtime - work_dir.EMPTY_STALE_S - 5
+    os.utime(path, (old, old))
+    with claim_work_dir(str(tmp_path)) as lock:
+        assert json.load(open(lock.path))['pid'] == os.getpid()
+
+
+def test_a_full_disk_when_the_lock_is_written_names_the_path_and_leaves_no_lock(tmp_path, monkeypatch):
+    """ENOSPC in the lock's write (injected where the JSON goes into the new file): a WorkDirError naming the lock,
+    the system's reason and the fix, and no empty lock that would hold the folder for nobody."""
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    monkeypatch.setattr(work_dir.json, 'dump', full)
+    with pytest.raises(WorkDirError) as refused:
+        WorkDirLock(str(tmp_path / 'run')).acquire()
+    assert f'cannot write {tmp_path / "run" / LOCK}: No space left on device (errno 28)' in str(refused.value)
+    assert 'Free space or choose a writable folder' in str(refused.value)
+    assert not (tmp_path / 'run' / LOCK).exists()
+
+
+def test_a_work_dir_that_is_a_file_or_read_only_is_refused_in_the_preflight(tiny_det_config, tmp_path, monkeypatch):
+    """tools/train.py with --work-dir naming a file, or a folder on a read-only file system (EROFS injected where
+    the check makes its probe file; as root here, permissions would not refuse it): refused before anything is
+    built, with the path and the fix."""
+    taken = tmp_path / 'a_file'
+    taken.write_text('not a folder')
+    with pytest.raises(WorkDirError, match=f'work dir {taken} is a file, not a folder: pass --work-dir a folder'):
+        entrypoints.prepare_train([tiny_det_config, '--demo', '--work-dir', str(taken)])
+
+    def read_only(folder):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+    monkeypatch.setattr(work_dir, '_write_probe', read_only)
+    with pytest.raises(WorkDirError, match=r'cannot write .*: Read-only file system \(errno 30\)'):
+        entrypoints.prepare_train([tiny_det_config, '--demo', '--work-dir', str(tmp_path / 'new' / 'run')])
+    assert not (tmp_path / 'new').exists()
 
 
 def test_only_rank_0_of_each_launcher_claims_the_work_dir(tmp_path, monkeypatch):
@@ -288,14 +370,21 @@ def test_html_404_and_server_errors(server):
     assert server.requests.count('/down.pth') == download.ATTEMPTS
 
 
-def test_a_silent_host_times_out_and_a_refused_connection_is_named(server, tmp_path):
+def test_a_silent_host_times_out_and_a_refused_connection_is_named(server, tmp_path, monkeypatch):
     silent = socket.socket()
     silent.bind(('127.0.0.1', 0))
     silent.listen()  # accepts connections (the kernel does) and never answers
     url = f'http://127.0.0.1:{silent.getsockname()[1]}/w.pth'
     try:
         with pytest.raises(CheckpointDownloadError) as failed:
-            download_checkpoint(url, read_timeout=0.5, attempts=2)
+            download_checkpoint(url, answer_timeout=0.5, attempts=2)
+        # the shipped timeouts, scaled down 20 times: two attempts of 40 s (here 2 s) get no answer, and a third
+        # would end past the 90 s deadline, so the host is reported after the second (at 82 s at full scale)
+        monkeypatch.setattr(download, 'MIN_ATTEMPT_S', download.MIN_ATTEMPT_S / 20)
+        with pytest.raises(CheckpointDownloadError) as late:
+            download_checkpoint(url, answer_timeout=download.ANSWER_TIMEOUT_S / 20,
+                                no_answer_deadline=download.NO_ANSWER_DEADLINE_S / 20)
+        assert re.search(r'answer 2 s, then 60 s per read\); no answer in [45] s of 2 attempts', str(late.value))
     finally:
         silent.close()
     assert 'no answer from 127.0.0.1' in str(failed.value) and 'tried 2 times' in str(failed.value)
@@ -305,6 +394,41 @@ def test_a_silent_host_times_out_and_a_refused_connection_is_named(server, tmp_p
         port = s.getsockname()[1]
     with pytest.raises(CheckpointDownloadError, match=f'http://127.0.0.1:{port}/w.pth: .*Connection refused'):
         download_checkpoint(f'http://127.0.0.1:{port}/w.pth', attempts=1)
+
+
+def test_a_signed_urls_token_is_never_printed_and_a_new_one_says_it_keeps_another_copy(server):
+    """Two signed URLs of one file (tokens abc, def): two cache entries, as the query string may name another file;
+    the second download says the cache holds a copy from the same address; no log line or error holds a token; a
+    404's fix is to pass the local path where the URL was given (not the backbone's init_cfg: the URL may be a
+    test checkpoint)."""
+    for token in ('abc123', 'def456'):
+        server.files[f'/signed/w.pth?token={token}'] = [(200, _checkpoint_bytes(2.))]
+    with _logged() as records:
+        first = download_checkpoint(server.url + '/signed/w.pth?token=abc123')
+        second = download_checkpoint(server.url + '/signed/w.pth?token=def456')
+        with pytest.raises(CheckpointDownloadError) as gone:
+            download_checkpoint(server.url + '/signed/gone.pth?token=abc123')
+    lines = [r.getMessage() for r in records] + [str(gone.value)]
+    assert first != second and not any('abc123' in line or 'def456' in line for line in lines), lines
+    assert any(f'{server.url}/signed/w.pth?<query hidden>: the cache holds 1 copy(ies) from this address with '
+               f'another query string ({first})' in line for line in lines), lines
+    assert 'pass its local path where this URL was given' in str(gone.value) and 'init_cfg' not in str(gone.value)
+
+
+def test_file_and_s3_checkpoint_uris_are_resolved_or_refused_in_the_preflight(tiny_det_config, tmp_path):
+    """``file:///abs/x.pth`` is read as the local file (mmengine would look for a relative path and fail after the
+    build); ``s3://`` without petrel_client stops in the pre-flight, naming it and the local alternative."""
+    weights = tmp_path / 'backbone.pth'
+    torch.save({'state_dict': {}}, weights)
+    base = [tiny_det_config, '--demo', '--work-dir', str(tmp_path / 'work'), '--cfg-options',
+            'model.backbone.init_cfg.type=Pretrained']
+    cfg = entrypoints.prepare_train(base + [f'model.backbone.init_cfg.checkpoint=file://{weights}'])
+    assert cfg.model.backbone.init_cfg.checkpoint == str(weights)
+    with pytest.raises(FileNotFoundError, match=f'not found: {tmp_path / "gone.pth"}'):
+        entrypoints.prepare_train(base + [f'model.backbone.init_cfg.checkpoint=file://{tmp_path / "gone.pth"}'])
+    with pytest.raises(FileNotFoundError, match='s3://bucket/reswin_t.pth: mmengine reads s3:// checkpoints through '
+                                                'petrel_client'):
+        entrypoints.prepare_train(base + ['model.backbone.init_cfg.checkpoint=s3://bucket/reswin_t.pth'])
 
 
 def test_the_preflight_downloads_and_stops_before_the_runner(server, tiny_det_config, tmp_path):

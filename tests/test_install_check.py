@@ -74,3 +74,19 @@ def test_the_tool_stops_on_an_unsupported_stack(tmp_path):
     assert run.returncode == 1, run.stdout + run.stderr
     assert '- mmcv 2.2.0 is installed; accepted: mmcv>=2.0.0,<2.2.0' in run.stdout
     assert 'installed: ' in run.stdout and 'mmengine ' in run.stdout
+
+
+def test_a_task_library_shadowed_on_pythonpath_is_named_with_what_python_imports(tmp_path):
+    """An old mmdet checkout on PYTHONPATH comes before the installed mmdet: the report says which version Python
+    imports and from where, and the check names it as a problem (before, it reported the installed 3.3.0 only)."""
+    (tmp_path / 'mmdet').mkdir()
+    (tmp_path / 'mmdet' / '__init__.py').write_text('from .version import __version__\n')
+    (tmp_path / 'mmdet' / 'version.py').write_text("__version__ = '2.28.2'\n")
+    code = ('from mmvisatt.apis.install_check import diagnose, gather, report\n'
+            'facts = gather()\nprint(report(facts))\nprint(diagnose(facts))\n')
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), REPO]))
+    run = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, timeout=300, env=env)
+    line, = [line for line in run.stdout.splitlines() if line.startswith('mmdet ')]
+    assert line.endswith(f'(imports as 2.28.2 from {tmp_path / "mmdet"})'), run.stdout
+    assert 'mmdet imports as 2.28.2 (' in run.stdout
+    assert 'installed): another copy comes first on sys.path' in run.stdout

@@ -131,6 +131,15 @@ def test_too_little_disk_for_torch_stops_the_plan(tmp_path):
     assert plan.error.startswith('only 3 GB free on the disk of /env')
 
 
+def test_a_plan_that_stops_exits_with_1(tmp_path):
+    """``setup_env.sh --plan`` whose plan ends in a stop (too little disk) prints it and exits 1, as the set-up
+    itself would stop there (before, it exited 0 after the stop: line)."""
+    env = dict(os.environ, MMVISATT_VENV=str(tmp_path / 'venv'), MMVISATT_CACHE=str(tmp_path / 'cache'),
+               MMVISATT_NEED_GB='100000')
+    run = subprocess.run(['bash', SETUP, '--plan'], env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 1 and '\nstop: only ' in run.stdout, (run.returncode, run.stdout, run.stderr)
+
+
 def test_setup_plan_changes_nothing(tmp_path):
     """``setup_env.sh --plan`` for an environment still to be created (nothing is created) and for this one."""
     # the free space of the disk this runs on is not what is tested here (the low-disk refusal has its own tests)

@@ -67,8 +67,9 @@ probe() {
 
 if [ "$plan_only" = 1 ]; then
   echo "set-up plan for ${venv/#none/the current interpreter ($py)} (wheel cache $cache):"
+  # exits 1 after a stop: line (the set-up would stop there)
   "${PYTHON:-python3}" "$planner" plan - "${plan_flags[@]}" <<<"$(probe)"
-  exit 0
+  exit $?
 fi
 
 # the plan's variables: stack, stack_requirements, mmcv_dist, mmcv_release, mmengine_requirement, install_torch,

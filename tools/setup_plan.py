@@ -441,7 +441,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     plan = make_plan(json.loads(text), os.environ, cache, user=args.user, fresh=args.fresh,
                      nvcc=find_nvcc(os.environ))
     print(plan.shell() if args.shell else plan.text())
-    return 0
+    # the readable plan ends with its stop: the status says so to a script; setup_env.sh reads plan_error itself
+    return 1 if plan.error and not args.shell else 0
 
 
 if __name__ == '__main__':

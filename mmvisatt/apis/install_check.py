@@ -5,13 +5,15 @@ those facts into problems with their fix (a pure function: the tests give it the
 on), and :func:`smoke_forward` runs ReSwin-T Mask R-CNN once on a small image, on the GPU where one is visible, so
 that RoIAlign and NMS run where training will run them.
 """
+import importlib
+import importlib.util
 import os.path as osp
 import platform
 import re
 import time
 from dataclasses import dataclass, field
 from importlib import metadata
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
@@ -36,6 +38,7 @@ class Facts:
     mmcv_ops_error: Optional[str] = None
     mmcv_cuda: Optional[str] = None
     others: Dict[str, Optional[str]] = field(default_factory=dict)
+    origins: Dict[str, Optional[str]] = field(default_factory=dict)
 
 
 def _version(dist: str) -> Optional[str]:
@@ -45,22 +48,58 @@ def _version(dist: str) -> Optional[str]:
         return None
 
 
+def _importable(name: str) -> Tuple[Optional[str], Optional[str]]:
+    """The ``__version__`` of the package ``name`` that ``import name`` would load (the first on ``sys.path``: an old
+    checkout on ``PYTHONPATH`` before the installed one), read from its ``version.py`` without importing it, and
+    its folder; (None, None) where there is none."""
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None or not spec.origin:
+        return None, None
+    folder = osp.dirname(spec.origin)
+    try:
+        with open(osp.join(folder, 'version.py')) as f:
+            found = re.search(r"""__version__\s*=\s*['"]([^'"]+)['"]""", f.read())
+    except OSError:
+        found = None
+    return (found.group(1) if found else None), folder
+
+
+def _same_folder(folder: str, dist: str, name: str) -> bool:
+    try:
+        installed = metadata.distribution(dist).locate_file(name)
+    except metadata.PackageNotFoundError:
+        return False
+    return osp.realpath(folder) == osp.realpath(str(installed))
+
+
 def gather() -> Facts:
-    """The facts of this interpreter. Imports mmcv and mmengine (not the task libraries: their distributions'
-    versions are read)."""
-    import importlib
+    """The facts of this interpreter. Imports mmcv and mmengine; the task libraries' versions are read from the
+    packages Python would import (:func:`_importable`), which an old checkout on ``PYTHONPATH`` can shadow."""
     imported: Dict[str, Optional[str]] = {}
+    origins: Dict[str, Optional[str]] = {}
     for name in ('mmcv', 'mmengine'):
         try:
-            imported[name] = importlib.import_module(name).__version__
+            module = importlib.import_module(name)
+            imported[name], origins[name] = module.__version__, osp.dirname(module.__file__)
         except ImportError:
             imported[name] = None
+    dists = installed_distributions()
+    for name in ('mmdet', 'mmseg', 'mmpretrain'):
+        imported[name], origins[name] = _importable(name)
+        for libraries in STACKS.values():
+            # the installed distribution's own folder: its metadata's version is the one that imports
+            dist = libraries[name].dist
+            if dists.get(dist) and origins[name] and _same_folder(origins[name], dist, name):
+                imported[name] = dists[dist]
     gpus = [f'{torch.cuda.get_device_name(i)} (sm_{"".join(map(str, torch.cuda.get_device_capability(i)))}, '
             f'{torch.cuda.get_device_properties(i).total_memory / 2**30:.0f} GiB)'
             for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
     facts = Facts(python=platform.python_version(), torch=torch.__version__, torch_cuda=torch.version.cuda,
-                  gpus=gpus, imported=imported, dists=installed_distributions(),
-                  others={name: _version(name) for name in ('torchvision', 'timm', 'mmvisatt')})
+                  gpus=gpus, imported=imported, dists=dists,
+                  others={name: _version(name) for name in ('torchvision', 'timm', 'mmvisatt')}, origins=origins)
     if imported['mmcv']:
         try:
             from mmcv.ops import get_compiling_cuda_version
@@ -120,7 +159,11 @@ def report(facts: Facts) -> str:
         found = [f'{lib.dist} {dists[lib.dist]}' for lib in (s[name] for s in STACKS.values()) if dists.get(lib.dist)]
         version = facts.imported.get(name)
         what = ', '.join(found) or ('(no distribution)' if version else 'not installed')
-        line = f'{name:<11} {what}' + (f' (imports as {version})' if version and not found else '')
+        installed = [dists[lib.dist] for lib in (s[name] for s in STACKS.values()) if dists.get(lib.dist)]
+        origin = facts.origins.get(name)
+        shadowed = version and installed and version not in installed
+        line = f'{name:<11} {what}' + (f' (imports as {version}{" from " + origin if origin else ""})'
+                                       if version and (not found or shadowed) else '')
         lines.append(line + (f'; ops: {ops}' if name == 'mmcv' and facts.imported.get('mmcv') else ''))
     lines += [f"timm        {facts.others.get('timm')}", f"mmvisatt    {facts.others.get('mmvisatt')}",
               'GPUs        ' + ('; '.join(facts.gpus) or 'none visible')]

@@ -3,8 +3,12 @@ wrong, never waiting for ever, and every failure naming the URL, the HTTP status
 
 * The cache: ``$TORCH_HOME/hub/checkpoints/mmvisatt/<first 16 hex digits of the URL's SHA-256>/<file name>``, so
   two URLs that end in the same file name (``.../in1k/reswin_t.pth``, ``.../in22k/reswin_t.pth``) never share a file.
-* A download has a connect timeout and a read timeout (:data:`CONNECT_TIMEOUT_S`, :data:`READ_TIMEOUT_S`: no byte
-  for that long), is tried :data:`ATTEMPTS` times on network errors and 5xx / 429 answers, and logs its progress.
+* A download has a connect timeout, a timeout for the server's answer and one per read once it answers
+  (:data:`CONNECT_TIMEOUT_S`, :data:`ANSWER_TIMEOUT_S`, :data:`READ_TIMEOUT_S`), is tried :data:`ATTEMPTS` times on
+  network errors and 5xx / 429 answers, but a host that gives no answer at all is reported within
+  :data:`NO_ANSWER_DEADLINE_S` seconds, and it logs its progress.
+* A URL's query string (a signed URL's token) is never printed; a signed URL with a new token is another cache
+  entry, and the log says so when the cache holds a copy from the same address already.
 * It is written under a temporary name in the cache folder, checked (as long as the server said; a checkpoint and
   not a web page; opens with the loader) and only then renamed to its cache name. A cached file that does not open
   is deleted and fetched once more.
@@ -32,6 +36,12 @@ from mmengine.logging import print_log
 from .safe_load import load_checkpoint_file
 
 CONNECT_TIMEOUT_S = 30.
+# seconds for the answer (the response's status and headers) after the request went out, and the whole time the
+# attempts may take while a host gives none: a host that accepts connections and never answers is reported after
+# two attempts
+ANSWER_TIMEOUT_S = 40.
+NO_ANSWER_DEADLINE_S = 90.
+MIN_ATTEMPT_S = 15.
 READ_TIMEOUT_S = 60.
 ATTEMPTS = 3
 RETRY_WAIT_S = 2.
@@ -51,6 +61,17 @@ def is_url(path: Any) -> bool:
     return isinstance(path, str) and path.startswith(('http://', 'https://'))
 
 
+def shown(url: str) -> str:
+    """``url`` as logs and errors print it: without its query string, which can hold a signed URL's token."""
+    parts = urllib.parse.urlsplit(url)
+    return urllib.parse.urlunsplit(parts._replace(query='<query hidden>' if parts.query else '', fragment=''))
+
+
+def _address(url: str) -> str:
+    """The key of ``url`` without its query string, kept beside each cache entry."""
+    return hashlib.sha256(shown(url).encode()).hexdigest()[:16]
+
+
 def url_cache_path(url: str, model_dir: Optional[str] = None) -> str:
     """Where the checkpoint at ``url`` is cached (see the module's docstring); ``model_dir`` replaces
     ``$TORCH_HOME/hub/checkpoints/mmvisatt``."""
@@ -59,22 +80,28 @@ def url_cache_path(url: str, model_dir: Optional[str] = None) -> str:
     return osp.join(model_dir, hashlib.sha256(url.encode()).hexdigest()[:16], name)
 
 
-def _timed(base: type, connect_s: float, read_s: float) -> type:
-    """``base`` (an ``http.client`` connection class) that waits ``connect_s`` to connect, then ``read_s`` for each
-    read: urllib has one timeout for both."""
+def _timed(base: type, connect_s: float, answer_s: float, read_s: float) -> type:
+    """``base`` (an ``http.client`` connection class) that waits ``connect_s`` to connect, ``answer_s`` for the
+    answer, then ``read_s`` for each read: urllib has one timeout for all three."""
 
     class TimedConnection(base):
         def connect(self) -> None:
             self.timeout = connect_s
             super().connect()
-            self.sock.settimeout(read_s)
+            self.sock.settimeout(answer_s)
+
+        def getresponse(self):
+            sock = self.sock
+            response = super().getresponse()
+            sock.settimeout(read_s)  # the response reads through this socket (closed here only once it is done)
+            return response
 
     return TimedConnection
 
 
-def _opener(connect_s: float, read_s: float) -> urllib.request.OpenerDirector:
-    http_conn = _timed(http.client.HTTPConnection, connect_s, read_s)
-    https_conn = _timed(http.client.HTTPSConnection, connect_s, read_s)
+def _opener(connect_s: float, read_s: float, answer_s: float) -> urllib.request.OpenerDirector:
+    http_conn = _timed(http.client.HTTPConnection, connect_s, answer_s, read_s)
+    https_conn = _timed(http.client.HTTPSConnection, connect_s, answer_s, read_s)
     context = ssl.create_default_context()
 
     class HTTPHandler(urllib.request.HTTPHandler):
@@ -104,22 +131,27 @@ def _content_problem(path: str) -> Optional[str]:
 def _error(url: str, cached: str, what: str, status: Optional[int] = None) -> CheckpointDownloadError:
     status_text = f'HTTP {status}: ' if status is not None else ''
     return CheckpointDownloadError(
-        f'could not download the checkpoint {url}: {status_text}{what}. Nothing was cached (cache path: {cached}). '
-        f'Check the URL and the network from this node, or download the file where you can and pass it as a local '
-        f'path (e.g. --cfg-options model.backbone.init_cfg.checkpoint=PATH), or save it as {cached}.')
+        f'could not download the checkpoint {shown(url)}: {status_text}{what}. Nothing was cached (cache path: '
+        f'{cached}). Check the URL and the network from this node, or download the file where you can and pass its '
+        f'local path where this URL was given, or save it as {cached}.')
 
 
-def _fetch(url: str, cached: str, connect_s: float, read_s: float, attempts: int) -> None:
-    opener = _opener(connect_s, read_s)
+def _fetch(url: str, cached: str, connect_s: float, read_s: float, attempts: int, answer_s: float,
+           deadline_s: float) -> None:
     host = urllib.parse.urlparse(url).netloc
+    begun = time.monotonic()
     for attempt in range(1, attempts + 1):
+        # while the host has not answered, the attempts share NO_ANSWER_DEADLINE_S
+        left = max(deadline_s - (time.monotonic() - begun), MIN_ATTEMPT_S)
+        opener = _opener(min(connect_s, left), read_s, min(answer_s, left))
         fd, tmp = tempfile.mkstemp(prefix=f'.{osp.basename(cached)}.', suffix='.partial', dir=osp.dirname(cached))
-        retry = ''
+        retry, answered = '', False
         try:
             with os.fdopen(fd, 'wb') as out, opener.open(url) as response:
+                answered = True
                 total = int(response.headers.get('Content-Length') or 0) or None
                 size = f' ({total / 2**20:.1f} MiB)' if total else ''
-                print_log(f'Downloading {url}{size} to {cached}', logger='current')
+                print_log(f'Downloading {shown(url)}{size} to {cached}', logger='current')
                 done, next_report, start = 0, 0, time.monotonic()
                 step = int(total * PROGRESS_SHARE) if total else PROGRESS_BYTES
                 while True:
@@ -139,7 +171,7 @@ def _fetch(url: str, cached: str, connect_s: float, read_s: float, attempts: int
             if problem is not None:
                 raise _error(url, cached, f'the server sent {done} bytes that are {problem}')
             os.replace(tmp, cached)
-            print_log(f'Downloaded {url} ({done / 2**20:.1f} MiB) to {cached}', logger='current')
+            print_log(f'Downloaded {shown(url)} ({done / 2**20:.1f} MiB) to {cached}', logger='current')
             return
         except CheckpointDownloadError:
             raise
@@ -150,8 +182,12 @@ def _fetch(url: str, cached: str, connect_s: float, read_s: float, attempts: int
         except (urllib.error.URLError, OSError, http.client.HTTPException) as error:
             reason = getattr(error, 'reason', error)
             if isinstance(reason, (socket.timeout, TimeoutError)):
-                what = (f'no answer from {host} within the timeout (connect {connect_s:.0f} s, then '
-                        f'{read_s:.0f} s per read)')
+                what = (f'no answer from {host} within the timeout (connect {connect_s:.0f} s, answer '
+                        f'{answer_s:.0f} s, then {read_s:.0f} s per read)')
+                # another attempt would have less than MIN_ATTEMPT_S before the deadline
+                if not answered and time.monotonic() - begun + RETRY_WAIT_S * attempt + MIN_ATTEMPT_S > deadline_s:
+                    raise _error(url, cached, f'{what}; no answer in {time.monotonic() - begun:.0f} s of '
+                                              f'{attempt} attempts') from None
             elif isinstance(error, http.client.IncompleteRead):
                 what = f'the connection closed {error.expected} bytes before the end the server announced'
             else:
@@ -162,7 +198,7 @@ def _fetch(url: str, cached: str, connect_s: float, read_s: float, attempts: int
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.remove(tmp)
-        print_log(f'Download of {url} failed ({retry}); trying again ({attempt + 1} of {attempts})',
+        print_log(f'Download of {shown(url)} failed ({retry}); trying again ({attempt + 1} of {attempts})',
                   logger='current', level=30)
         time.sleep(RETRY_WAIT_S * attempt)
 
@@ -185,21 +221,45 @@ def _cache_lock(folder: str) -> Iterator[None]:
 
 
 def download_checkpoint(url: str, model_dir: Optional[str] = None, connect_timeout: float = CONNECT_TIMEOUT_S,
-                        read_timeout: float = READ_TIMEOUT_S, attempts: int = ATTEMPTS) -> str:
+                        read_timeout: float = READ_TIMEOUT_S, attempts: int = ATTEMPTS,
+                        answer_timeout: Optional[float] = None, no_answer_deadline: Optional[float] = None) -> str:
     """The path of the checked local copy of the checkpoint at ``url`` (see the module's docstring); raises
-    :class:`CheckpointDownloadError`."""
+    :class:`CheckpointDownloadError`. ``answer_timeout`` and ``no_answer_deadline`` default to
+    :data:`ANSWER_TIMEOUT_S` and :data:`NO_ANSWER_DEADLINE_S`."""
     cached = url_cache_path(url, model_dir)
     with _cache_lock(osp.dirname(cached)):
         if osp.isfile(cached):
             problem = _content_problem(cached)
             if problem is None:
                 return cached
-            print_log(f'The cached copy {cached} of {url} is {problem}: deleting it and downloading it again',
+            print_log(f'The cached copy {cached} of {shown(url)} is {problem}: deleting it and downloading it again',
                       logger='current', level=30)
             os.remove(cached)
-        _fetch(url, cached, connect_timeout, read_timeout, attempts)
+        _note_other_copies(url, cached)
+        _fetch(url, cached, connect_timeout, read_timeout, attempts,
+               ANSWER_TIMEOUT_S if answer_timeout is None else answer_timeout,
+               NO_ANSWER_DEADLINE_S if no_answer_deadline is None else no_answer_deadline)
+        with open(osp.join(osp.dirname(cached), '.address'), 'w') as f:
+            f.write(_address(url))
     return cached
 
 
-__all__ = ['CheckpointDownloadError', 'download_checkpoint', 'is_url', 'url_cache_path', 'CONNECT_TIMEOUT_S',
-           'READ_TIMEOUT_S', 'ATTEMPTS']
+def _note_other_copies(url: str, cached: str) -> None:
+    """Say so when the cache holds copies downloaded from ``url``'s address with another query string: a signed
+    URL's new token makes another entry, as the query string may name another file."""
+    root, here = osp.dirname(osp.dirname(cached)), osp.dirname(cached)
+    others = []
+    for entry in sorted(os.listdir(root)) if osp.isdir(root) else []:
+        folder = osp.join(root, entry)
+        with contextlib.suppress(OSError):
+            with open(osp.join(folder, '.address')) as f:
+                if folder != here and f.read().strip() == _address(url):
+                    others += [osp.join(folder, n) for n in os.listdir(folder) if not n.startswith('.')]
+    if others:
+        print_log(f'{shown(url)}: the cache holds {len(others)} copy(ies) from this address with another query '
+                  f'string ({", ".join(others)}); downloading another, since the query string may name another file. '
+                  'Delete the old copies if they are the same file.', logger='current', level=30)
+
+
+__all__ = ['CheckpointDownloadError', 'download_checkpoint', 'is_url', 'shown', 'url_cache_path', 'CONNECT_TIMEOUT_S',
+           'ANSWER_TIMEOUT_S', 'NO_ANSWER_DEADLINE_S', 'READ_TIMEOUT_S', 'ATTEMPTS']

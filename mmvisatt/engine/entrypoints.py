@@ -29,7 +29,7 @@ from .demo import to_demo_config
 from .guards import NonFiniteLossError
 from .mid_epoch import MidEpochResumeError
 from .preflight import (AnnotationError, ConfigKeyError, CorruptCheckpointError, CorruptImageError,
-                        MissingCheckpointError, MissingDataError, WorkDirInUseError)
+                        MissingCheckpointError, MissingDataError, WorkDirError)
 from .reliability import (CheckpointWriteError, NothingToResumeError, TrainingPreempted, add_custom_hooks,
                           enable_reliable_training, handling_preemption)
 
@@ -410,7 +410,7 @@ def test_main(argv: Optional[Sequence[str]] = None) -> dict:
     cfg, args = prepare_test(argv)
     setup_distributed(cfg)
     runner = build_runner(cfg, cfg.default_scope)
-    preflight.check_checkpoint_fits(runner.model, args.checkpoint, args.demo)
+    preflight.check_checkpoint_fits(runner.model, cfg.load_from, args.demo)
     if args.out and cfg.default_scope == 'mmdet':
         from mmdet.evaluation import DumpDetResults
         runner.test_evaluator.metrics.append(DumpDetResults(out_file_path=args.out))
@@ -428,10 +428,14 @@ def run_tool(main: Callable[[Optional[Sequence[str]]], Any], argv: Optional[Sequ
         from mmengine.dist import get_rank
         if get_rank() == 0:
             print(f'stopped: {stop}', file=sys.stderr, flush=True)
+            # tools/dist_train.sh exits with it (torchrun reports any non-zero rank as a failure)
+            if os.environ.get('MMVISATT_STOP_STATUS_FILE'):
+                with open(os.environ['MMVISATT_STOP_STATUS_FILE'], 'w') as f:
+                    f.write(str(stop.code))
         sys.exit(stop.code)
     except (MissingDataError, MissingCheckpointError, NonFiniteLossError, ConfigKeyError, ConfigFileError,
             AnnotationError, CorruptCheckpointError, CheckpointMismatchError, CorruptImageError, UnsafeCheckpointError,
-            MidEpochResumeError, CheckpointWriteError, WorkDirInUseError, CheckpointDownloadError,
+            MidEpochResumeError, CheckpointWriteError, WorkDirError, CheckpointDownloadError,
             NothingToResumeError) as error:
         sys.exit(f'error: {error}')
 

@@ -25,6 +25,7 @@ The tests kill runs on purpose to check all of the above (``tests/fault_injectio
 import contextlib
 import errno
 import glob
+import multiprocessing
 import os
 import os.path as osp
 import random
@@ -236,6 +237,22 @@ class AtomicCheckpointHook(CheckpointHook):
             runner.logger.info(f'{preemption.signal_name}: saving checkpoint at {runner.epoch + 1} epochs')
             self._save_checkpoint(runner)
         raise preemption.stopped(runner, self.last_ckpt, runner.iter)
+
+    def save_between_iterations(self, runner, why: str) -> None:
+        """Write the checkpoint of the training state between two iterations (during a validation), named as this
+        hook names the one after the last iteration, unless that one is on disk already. mmengine names a
+        checkpoint from inside the iteration or epoch it ends, before the loop counts it: the count is held back
+        while it saves."""
+        if self._saved_iter == runner.iter:
+            return
+        runner.logger.info(f'{why}: saving checkpoint at {runner.iter} iterations')
+        loop = runner.train_loop
+        counter = '_epoch' if self.by_epoch else '_iter'
+        setattr(loop, counter, getattr(loop, counter) - 1)
+        try:
+            self._save_checkpoint(runner)
+        finally:
+            setattr(loop, counter, getattr(loop, counter) + 1)
 
     def _save_mid_epoch_checkpoint(self, runner) -> None:
         """``iter_N.pth``, atomically as every checkpoint; the oldest beyond ``mid_epoch_max_keep`` is deleted once
@@ -458,6 +475,29 @@ class TrainingPreempted(SystemExit):
 PREEMPTION_SIGNALS = ('SIGTERM', 'SIGUSR1')
 
 
+class WorkerIgnoresStopSignals:
+    """A dataloader's ``worker_init_fn`` that keeps the worker through the stop signals, then runs ``init_fn``.
+
+    Slurm signals every process of a job step, dataloader workers included; torch's worker handler ends a worker on
+    SIGTERM, and the trainer's next batch then fails before its checkpoint is written. This worker ignores SIGUSR1,
+    and SIGTERM while the trainer trains; once the trainer has left training (``released``, a flag it sets), a
+    SIGTERM ends the worker as torch's handler would, so that the trainer's exit (which terminates its workers and
+    waits for them) completes."""
+
+    def __init__(self, init_fn: Optional[Any] = None, released: Optional[Any] = None) -> None:
+        self.init_fn, self.released = init_fn, released
+
+    def __call__(self, worker_id: int) -> None:
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, self._terminated)
+        if self.init_fn is not None:
+            self.init_fn(worker_id)
+
+    def _terminated(self, signum: int, frame: Any) -> None:
+        if self.released is None or self.released.value:
+            os._exit(0)
+
+
 @HOOKS.register_module()
 class PreemptionHook(Hook):
     """Stop on SIGTERM or SIGUSR1 with a checkpoint, instead of dying with the work since the last one.
@@ -493,8 +533,8 @@ class PreemptionHook(Hook):
         """The signal handler: remember the signal; the hook acts on it at an iteration boundary."""
         if self.received is None:
             self.received = signum
-            print_log(f'{signal.Signals(signum).name} received: saving a checkpoint at the next iteration boundary, '
-                      'then stopping', logger='current', level=30)
+            print_log(f'{signal.Signals(signum).name} received: saving a checkpoint at the next iteration boundary '
+                      '(of training or validation), then stopping', logger='current', level=30)
 
     def after_train_iter(self, runner, batch_idx: int, data_batch=None, outputs=None) -> None:
         if self.stopping is not None:
@@ -509,6 +549,33 @@ class PreemptionHook(Hook):
             raise TrainingPreempted(
                 f'{self.signal_name} at iteration {runner.iter + 1}: stopped without a checkpoint, since the config '
                 'saves none (default_hooks.checkpoint is not a CheckpointHook).', int(self.stopping))
+
+    def after_val_iter(self, runner, batch_idx: int, data_batch=None, outputs=None) -> None:
+        """A signal during a validation inside training stops it at the next validation iteration (the ranks compare
+        notes every ``sync_interval`` of them): the training state is between iterations, and its checkpoint is
+        written unless it is on disk already (an epoch's, just before its validation)."""
+        loop = getattr(runner, '_train_loop', None)
+        if self.stopping is not None or loop is None or isinstance(loop, dict):
+            return
+        if get_world_size() == 1:
+            self.stopping = self.received
+        elif (batch_idx + 1) % self.sync_interval == 0:
+            flags = torch.tensor([self.received or 0], dtype=torch.int32)
+            all_reduce(flags, op='max')
+            self.stopping = int(flags.item()) or None
+        if self.stopping is None:
+            return
+        saver = next((h for h in runner.hooks if isinstance(h, AtomicCheckpointHook)), None)
+        if runner.iter == 0:
+            raise TrainingPreempted(f'{self.signal_name} while validating before the first iteration: nothing to save; '
+                                    'run the same command again.', int(self.stopping))
+        if saver is None:
+            raise TrainingPreempted(
+                f'{self.signal_name} while validating after iteration {runner.iter}: stopped without a checkpoint, '
+                'since the config saves none (default_hooks.checkpoint is not a CheckpointHook).', int(self.stopping))
+        runner.logger.info(f'{self.signal_name}: stopping the validation after its batch {batch_idx + 1}')
+        saver.save_between_iterations(runner, self.signal_name)
+        raise self.stopped(runner, saver.last_ckpt, runner.iter)
 
     def stopped(self, runner, checkpoint: str, iteration: int) -> TrainingPreempted:
         """The exception that ends the run, saying where the checkpoint of ``iteration`` (1-based) is."""
@@ -529,16 +596,29 @@ def _stopping(runner) -> Optional[PreemptionHook]:
 @contextlib.contextmanager
 def handling_preemption(runner):
     """Route SIGTERM and SIGUSR1 to the runner's :class:`PreemptionHook` while the block runs (main thread only:
-    Python delivers signals there); the previous handlers are put back afterwards."""
+    Python delivers signals there), and make the dataloader workers the runner builds meanwhile ignore them
+    (:class:`WorkerIgnoresStopSignals`); the previous handlers are put back afterwards."""
     hook = next((h for h in runner.hooks if isinstance(h, PreemptionHook)), None)
     if hook is None or threading.current_thread() is not threading.main_thread():
         yield
         return
     signums = [getattr(signal, name) for name in PREEMPTION_SIGNALS]
     previous = {s: signal.signal(s, hook.request) for s in signums}
+    build_dataloader = runner.build_dataloader
+    released = multiprocessing.Value('b', 0, lock=False)
+
+    def workers_ignore_stop_signals(*args, **kwargs):
+        loader = build_dataloader(*args, **kwargs)
+        if getattr(loader, 'num_workers', 0) > 0:
+            loader.worker_init_fn = WorkerIgnoresStopSignals(loader.worker_init_fn, released)
+        return loader
+    # the loops build their dataloaders in runner.train(), and an iteration-based loop starts its workers there
+    runner.build_dataloader = workers_ignore_stop_signals
     try:
         yield
     finally:
+        released.value = 1
+        del runner.build_dataloader
         for s, handler in previous.items():
             signal.signal(s, handler)
 

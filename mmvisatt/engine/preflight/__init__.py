@@ -26,7 +26,8 @@ from mmengine.config import Config
 
 from .checkpoints import (CorruptCheckpointError, MissingCheckpointError, check_checkpoint_file,
                           check_checkpoint_fits, check_load_from_fits, check_model_files, check_pretrained,
-                          check_resume_file, fetch_url, is_url, missing_local_file, pretrained_inits)
+                          check_resume_file, fetch_url, is_url, missing_local_file, pretrained_inits,
+                          resolve_checkpoint_uris, resolve_uri)
 from .config import (LEGACY_KEYS, ConfigKeyError, check_cfg_options, check_compile_memory_paths, check_format_only,
                      check_legacy_keys, check_top_level_keys, explain_build_error)
 from .data import (DROPPED_ERROR_FRACTION, DROPPED_WARN_FRACTION, MAX_CHECKED_ANN_BYTES, SAMPLE, AnnotationError,
@@ -34,7 +35,7 @@ from .data import (DROPPED_ERROR_FRACTION, DROPPED_WARN_FRACTION, MAX_CHECKED_AN
                    check_coco_annotations, check_data, check_dataset_contents, check_evaluator_files,
                    explain_image_error, head_num_classes, image_dir, image_dirs, leaf_datasets)
 from .memory import check_gpu_memory
-from .work_dir import WorkDirInUseError, WorkDirLock, claim_work_dir
+from .work_dir import WorkDirError, WorkDirInUseError, WorkDirLock, check_work_dir, claim_work_dir
 
 
 class InferenceError(ValueError):
@@ -59,6 +60,9 @@ def check_train(cfg: Config, scope: str, config_file: str, options: Optional[Dic
     types give the default classes); returns the warnings that were logged."""
     loaders = ('train_dataloader', 'val_dataloader')
     check_config_keys(cfg, config_file, options, unmerged)
+    if cfg.get('work_dir'):
+        check_work_dir(cfg.work_dir)
+    resolve_checkpoint_uris(cfg)
     memory = check_gpu_memory(cfg, config_file)
     check_format_only(cfg, ('val_evaluator', ))
     check_data(cfg, loaders)
@@ -76,6 +80,7 @@ def check_test(cfg: Config, scope: str, config_file: str, options: Optional[Dict
     (``cfg.load_from``) and the test data; returns the warnings that were logged."""
     check_config_keys(cfg, config_file, options, unmerged)
     check_format_only(cfg, ('test_evaluator', ))
+    resolve_checkpoint_uris(cfg)
     checkpoint = cfg.load_from
     if is_url(checkpoint):
         checkpoint = fetch_url(checkpoint, 'checkpoint')
@@ -90,6 +95,7 @@ def check_test(cfg: Config, scope: str, config_file: str, options: Optional[Dict
 def check_infer(checkpoint: str, device: Optional[str]) -> str:
     """What ``tools/infer.py`` checks before it builds the model: the checkpoint file (returned with ``~``
     expanded) and the device."""
+    checkpoint = resolve_uri(checkpoint, 'checkpoint')
     if missing_local_file(checkpoint):
         raise FileNotFoundError(f'checkpoint not found: {osp.expanduser(checkpoint)}')
     if '://' not in checkpoint:
@@ -109,5 +115,5 @@ __all__ = ['check_train', 'check_test', 'check_infer', 'check_config_keys', 'che
            'explain_image_error', 'image_dir', 'image_dirs', 'leaf_datasets', 'check_pretrained',
            'check_resume_file', 'check_checkpoint_file', 'check_load_from_fits', 'check_model_files',
            'pretrained_inits', 'missing_local_file', 'fetch_url', 'is_url', 'check_compile_memory_paths',
-           'check_format_only',
-           'WorkDirInUseError', 'WorkDirLock', 'claim_work_dir']
+           'check_format_only', 'resolve_checkpoint_uris', 'resolve_uri',
+           'WorkDirError', 'WorkDirInUseError', 'WorkDirLock', 'check_work_dir', 'claim_work_dir']

@@ -2,8 +2,12 @@
 ``load_from`` and ``--resume`` file exists, is complete, holds only tensors and plain data, and (for ``load_from``)
 has keys of the model's parts; after the build, that a test or resume checkpoint has a tensor of the right shape for
 every model key."""
+import importlib.util
 import os
 import os.path as osp
+import re
+import urllib.parse
+import urllib.request
 from typing import Any, Iterator, Optional, Tuple
 
 import torch
@@ -50,11 +54,40 @@ def fetch_url(url: str, where: str) -> str:
         raise CheckpointDownloadError(f'{where}: {error}') from None
 
 
+#: the schemes mmengine reads through petrel_client (its PetrelBackend, and CheckpointLoader's s3 loader)
+PETREL_SCHEME = re.compile(r'^(\S+:)?s3://')
+
+
+def resolve_uri(path: Any, where: str) -> Any:
+    """``path`` as the run can read it: a ``file://`` URI as its local path (mmengine reads it as a relative path
+    that does not exist); an ``s3://`` one refused here when petrel_client, which mmengine reads it through, is
+    not installed (mmengine would stop after the build with an ImportError). Other values unchanged."""
+    if not isinstance(path, str):
+        return path
+    if path.startswith('file://'):
+        return urllib.request.url2pathname(urllib.parse.urlsplit(path).path)
+    if PETREL_SCHEME.match(path) and importlib.util.find_spec('petrel_client') is None:
+        raise MissingCheckpointError(
+            f'{where}: {path}: mmengine reads s3:// checkpoints through petrel_client (its PetrelBackend), which is '
+            f'not installed here. Copy the file to a local disk (e.g. aws s3 cp {path} PATH) and pass its path, or '
+            'install petrel_client.')
+    return path
+
+
+def resolve_checkpoint_uris(cfg: Config) -> None:
+    """Every checkpoint the run reads (``Pretrained`` inits, ``load_from``), through :func:`resolve_uri`, in place."""
+    for where, init in pretrained_inits(cfg.get('model')):
+        init['checkpoint'] = resolve_uri(init.get('checkpoint'), f'{where}.checkpoint')
+    if cfg.get('load_from'):
+        cfg.load_from = resolve_uri(cfg.load_from, '--resume' if cfg.get('resume') else 'load_from')
+
+
 def check_pretrained(cfg: Config) -> None:
     """Raise :class:`MissingCheckpointError` if a local ``Pretrained`` checkpoint is missing; download ``http(s)://``
     ones now (:func:`fetch_url`).
 
-    Other schemes (``open-mmlab://``, ``s3://``) are left to mmengine. A config can say where its default checkpoint
+    ``file://`` and ``s3://`` are resolved first (:func:`resolve_checkpoint_uris`); other schemes
+    (``open-mmlab://``, ``torchvision://``) are left to mmengine. A config can say where its default checkpoint
     comes from in a top-level ``pretrained_source`` string, printed when the missing file is the config's own
     ``pretrained`` path, and name a Google Drive file id in ``pretrained_gdown``, printed as the command that fetches
     it on a node without a browser.

@@ -12,8 +12,13 @@ the run ends. A lock left behind by a run that died is stale:
   for :data:`STALE_AFTER_S` seconds. Its age is taken against the file server's clock (the modification time of a
   file written just now in the same folder), so clocks that differ between nodes do not matter.
 
-A stale lock is taken over with a warning. In a distributed run only rank 0 claims the folder (``RANK`` under
-torchrun, ``SLURM_PROCID`` under ``--launcher slurm``, ``OMPI_COMM_WORLD_RANK`` under ``--launcher mpi``).
+A lock left empty or unreadable (its run could not write it: a full disk) for :data:`EMPTY_STALE_S` seconds is
+stale too, since a run writes its lock right after creating it. A stale lock is taken over with a warning. A work
+dir that cannot hold the lock (a file of that name, a read-only or full file system) is refused in the pre-flight
+(:func:`check_work_dir`) or when the lock is written, naming the path, the system's reason and the fix.
+
+In a distributed run only rank 0 claims the folder (``RANK`` under torchrun, ``SLURM_PROCID`` under ``--launcher
+slurm``, ``OMPI_COMM_WORLD_RANK`` under ``--launcher mpi``).
 """
 import contextlib
 import datetime
@@ -32,10 +37,47 @@ LOCK_NAME = '.run.lock'
 HEARTBEAT_S = 60.
 # five missed heartbeats: a live run is never taken for a dead one by a slow file server or a busy node
 STALE_AFTER_S = 300.
+# a run writes its lock in the same call that creates it: empty for this long, the write failed
+EMPTY_STALE_S = 10.
 
 
-class WorkDirInUseError(RuntimeError):
+class WorkDirError(RuntimeError):
+    """The work dir cannot be used by this run (the message says why and what to do)."""
+
+
+class WorkDirInUseError(WorkDirError):
     """Another run is training in the work dir this run was started into."""
+
+
+def _unusable(work_dir: str, path: str, error: OSError) -> WorkDirError:
+    reason = error.strerror or str(error)
+    return WorkDirError(f'work dir {work_dir}: cannot write {path}: {reason} (errno {error.errno}). Free space or '
+                        'choose a writable folder (--work-dir PATH, on a file system this run can write to).')
+
+
+def check_work_dir(work_dir: str) -> None:
+    """Refuse a work dir this run could not write its lock and checkpoints into, before anything is built: a file
+    of that name, or a folder (or the nearest existing parent it would be created in) where no file can be made."""
+    work_dir = osp.abspath(work_dir)
+    if osp.exists(work_dir) and not osp.isdir(work_dir):
+        raise WorkDirError(f'work dir {work_dir} is a file, not a folder: pass --work-dir a folder (a new or an '
+                           'existing one), or move the file.')
+    folder = work_dir
+    while not osp.exists(folder):
+        folder = osp.dirname(folder)
+    if not osp.isdir(folder):
+        raise WorkDirError(f'work dir {work_dir}: {folder} is a file, so the folder cannot be made: pass --work-dir '
+                           'a path under a folder.')
+    try:
+        _write_probe(folder)
+    except OSError as error:
+        raise _unusable(work_dir, folder, error) from None
+
+
+def _write_probe(folder: str) -> None:
+    """Make and remove a file in ``folder``: the OSError says why none can be made there."""
+    with tempfile.NamedTemporaryFile(dir=folder, prefix='.write-check.'):
+        pass
 
 
 def _process_start(pid: int) -> Optional[str]:
@@ -83,6 +125,11 @@ def _read(path: str) -> Optional[dict]:
 def stale_reason(path: str, holder: dict) -> Optional[str]:
     """Why the lock ``path`` holding ``holder`` belongs to no live run, or None if its run may be alive."""
     host, pid = holder.get('host'), holder.get('pid')
+    if not holder:
+        age = _age_s(path)
+        if age > EMPTY_STALE_S:
+            return f'empty or unreadable for {age:.0f} s: the run that made it could not write it (a full disk?)'
+        return None
     if host == socket.gethostname() and isinstance(pid, int):
         if not _alive(pid, holder.get('proc_start')):
             return f'process {pid} on this host is gone'
@@ -126,8 +173,16 @@ class WorkDirLock:
             fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         except FileExistsError:
             return False
-        with os.fdopen(fd, 'w') as f:
-            json.dump(holder, f)
+        except OSError as error:
+            raise _unusable(self.work_dir, self.path, error) from None
+        try:
+            with os.fdopen(fd, 'w') as f:
+                json.dump(holder, f)
+        except OSError as error:
+            # an empty lock would hold the folder for nobody
+            with contextlib.suppress(OSError):
+                os.remove(self.path)
+            raise _unusable(self.work_dir, self.path, error) from None
         return True
 
     def _take_over(self, holder: dict, reason: str) -> None:
@@ -147,7 +202,11 @@ class WorkDirLock:
                   logger='current', level=30)
 
     def acquire(self) -> 'WorkDirLock':
-        os.makedirs(self.work_dir, exist_ok=True)
+        check_work_dir(self.work_dir)
+        try:
+            os.makedirs(self.work_dir, exist_ok=True)
+        except OSError as error:
+            raise _unusable(self.work_dir, self.work_dir, error) from None
         for _ in range(3):
             if self._create():
                 break
