@@ -59,7 +59,8 @@ from benchmark import BenchmarkSettings, ModelSpec, Workload, write_between_mark
 from roofline import AutocastWidths, gpu_attention_kernels  # noqa: E402
 
 from mmvisatt.engine.preflight.memory import (GB, LIMIT_GB, TAIL_INSTANCES, amp_dtype,  # noqa: E402
-                                              model_key, per_gpu_bytes, scaled_step, table_path, training_size)
+                                              model_key, per_gpu_bytes, precision_label, scaled_step, table_path,
+                                              training_size)
 from mmvisatt.recipes import GPUS  # noqa: E402
 from mmvisatt.task_configs import expected_configs  # noqa: E402
 from mmvisatt.testing.device_audit import LiveBytes  # noqa: E402
@@ -384,7 +385,7 @@ def calibration_table(rows: Iterable[Dict[str, Any]]) -> str:
              'estimate / published |',
              '|---|---|---|---|---|---|---|']
     for row in rows:
-        amp = f"AMP ({row['dtype']})" if row['amp'] else 'float32'
+        amp = precision_label(row['dtype'])
         lines.append(f"| {row['package']} {row['config']} | {row['shape'][0]}x{row['shape'][1]} | "
                      f"{row['batch_per_gpu']} | {amp} | "
                      f"{row['published_gib']} | {row['estimate_gib']:.2f} | {row['ratio']:.2f} |")
@@ -403,7 +404,7 @@ def markdown_table(rows: Iterable[Dict[str, Any]]) -> str:
         step = row['step']
         one = per_gpu_bytes(step, 1) - 2 * step['grads']  # one image's step, not distributed
         gpus = f" ({row['gpus']})" if row.get('gpus') else ''
-        amp = f"AMP ({row['dtype']})" if row['amp'] else 'float32'
+        amp = precision_label(row['dtype'])
         flag = ' **over 80**' if row['per_gpu'] > LIMIT_GB * GB else ''
         without = row.get('without')
         without = f"{_gb(without['per_gpu'])} without {without['settings']}" if without else '-'

@@ -226,6 +226,11 @@ def scaled_step(row: Dict[str, Any], shape: Sequence[int]) -> Dict[str, Any]:
     return step
 
 
+def precision_label(dtype: str) -> str:
+    """How the pages and the warning name a row's precision: ``'float32'`` or ``'AMP (fp16)'``."""
+    return 'float32' if dtype == 'float32' else f'AMP ({dtype})'
+
+
 def row_step(cfg: Config, row: Dict[str, Any]) -> Optional[Dict[str, Any]]:
     """The measured step of ``row`` whose model is ``cfg``'s (the row as measured, or without its memory settings),
     None where ``cfg`` changes the model (another arch, ``with_cp``, another head or optimizer type)."""
@@ -328,7 +333,7 @@ def check_gpu_memory(cfg: Config, config_file: str, table: Optional[str] = None)
     per_image = per_gpu_bytes(step, 2) - per_gpu_bytes(step, 1)
     fits = int((memory - per_gpu_bytes(step, 0)) // per_image) if per_image > 0 else 0
     scaled = '' if list(shape) == list(row['shape']) else f", scaled from its {row['shape'][0]}x{row['shape'][1]}"
-    precision = 'float32' if dtype == 'float32' else f'AMP ({dtype})'
+    precision = precision_label(dtype)
     if dtype != row['dtype']:
         precision += f", from the row's {'float32' if row['dtype'] == 'float32' else 'AMP'} step"
     fixes = []
