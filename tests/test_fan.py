@@ -12,9 +12,10 @@ from timm.layers import LayerNorm2d
 
 from mmvisatt.checkpoint import (CheckpointMismatchError, convert_checkpoint_file, convert_state_dict,
                                  load_pretrained)
-from mmvisatt.models.backbones.fan import FAN, FANBase, FourierPositionEncoding, UnbiasedLayerNorm2d
+from mmvisatt.models.backbones.fan import FAN, FANBase, FourierPositionEncoding
+from mmvisatt.models.backbones.fan_hybrid import UnbiasedLayerNorm2d
 from mmvisatt.models.layers.attention import attention
-from mmvisatt.models.layers.channel_attention import EfficientChannelAttention, TokenAttention, channel_gate
+from mmvisatt.models.backbones.fan import EfficientChannelAttention, TokenAttention, channel_gate
 from mmvisatt.testing import parity_model
 
 DATA = Path(__file__).parent / 'data/parity/fan'

@@ -17,7 +17,7 @@ from mmvisatt.models.backbones.evt import EVT
 from mmvisatt.models.backbones import ReMViTv2, ReSwinTransformer, ReViT
 from mmvisatt.models.backbones.rmt import RMT
 from mmvisatt.models.backbones.shunted import ShuntedTransformer
-from mmvisatt.models.layers.channel_attention import channel_gate
+from mmvisatt.models.backbones.fan import channel_gate
 from mmvisatt.recipes import PAPER_VS_CODE, recipe_for
 from mmvisatt.task_configs import RECIPES, recipe_key
 

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from mmvisatt.checkpoint import CheckpointMismatchError, convert_checkpoint_file, convert_state_dict
 from mmvisatt.models.backbones.shunted import ShuntedTransformer
-from mmvisatt.models.layers.shunted_attention import ShuntedAttention
+from mmvisatt.models.backbones.shunted import ShuntedAttention
 
 DATA = Path(__file__).parent / 'data' / 'parity' / 'shunted'
 TINY = dict(embed_dims=(16, 32, 32, 64), depths=(1, 1, 1, 1), num_heads=(2, 2, 2, 4), mlp_ratios=(2, 2, 2, 2),

@@ -10,7 +10,7 @@ pretrained = pretrained_source
 preset = dict(
     name='FAN-L-Hybrid',
     # SyncBN in the stem / channel attention as the official detection code (BN outside DDP)
-    backbone=dict(type='FAN', arch='hybrid_l', norm_cfg=dict(type='SyncBN'),
+    backbone=dict(type='FANHybrid', arch='hybrid_l', norm_cfg=dict(type='SyncBN'),
                   init_cfg=dict(type='Pretrained', checkpoint=pretrained)),
     channels=[128, 256, 480, 768],
     cls=dict(channels=480, drop_path_rate=0.45, warmup_epochs=10, optimizer=dict(lr=0.004),

@@ -8,7 +8,7 @@ pretrained = pretrained_source
 preset = dict(
     name='FAN-T-Hybrid',
     # SyncBN in the stem / channel attention as the official detection code (BN outside DDP)
-    backbone=dict(type='FAN', arch='hybrid_t', norm_cfg=dict(type='SyncBN'),
+    backbone=dict(type='FANHybrid', arch='hybrid_t', norm_cfg=dict(type='SyncBN'),
                   init_cfg=dict(type='Pretrained', checkpoint=pretrained)),
     channels=[128, 256, 192, 768],
     cls=dict(channels=192, drop_path_rate=0.1, warmup_epochs=5, optimizer=dict(lr=0.001),

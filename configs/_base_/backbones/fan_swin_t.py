@@ -7,7 +7,7 @@ pretrained_source = 'no official weights exist: train configs/imagenet_fan_swin_
 preset = dict(
     name='FAN-T-Swin',
     # SyncBN in the stem / channel attention as the official detection code (BN outside DDP)
-    backbone=dict(type='FAN', arch='swin_t', norm_cfg=dict(type='SyncBN'),
+    backbone=dict(type='FANSwin', arch='swin_t', norm_cfg=dict(type='SyncBN'),
                   init_cfg=dict(type='Pretrained', checkpoint=pretrained)),
     channels=[96, 192, 384, 768],
     no_decay=['norm', 'relative_position_bias_table'],

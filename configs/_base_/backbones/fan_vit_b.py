@@ -8,7 +8,7 @@ pretrained = pretrained_source
 preset = dict(
     name='FAN-B-ViT',
     # SyncBN in the stem / channel attention as the official detection code (BN outside DDP)
-    backbone=dict(type='FAN', arch='vit_b', norm_cfg=dict(type='SyncBN'),
+    backbone=dict(type='FANViT', arch='vit_b', norm_cfg=dict(type='SyncBN'),
                   init_cfg=dict(type='Pretrained', checkpoint=pretrained)),
     channels=[112, 224, 448, 448],
     cls=dict(channels=448, drop_path_rate=0.35, warmup_epochs=5, optimizer=dict(lr=0.002),

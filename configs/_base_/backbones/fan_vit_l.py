@@ -7,7 +7,7 @@ pretrained_source = 'no official weights exist: train configs/imagenet_fan_vit_l
 preset = dict(
     name='FAN-L-ViT',
     # SyncBN in the stem / channel attention as the official detection code (BN outside DDP)
-    backbone=dict(type='FAN', arch='vit_l', norm_cfg=dict(type='SyncBN'),
+    backbone=dict(type='FANViT', arch='vit_l', norm_cfg=dict(type='SyncBN'),
                   init_cfg=dict(type='Pretrained', checkpoint=pretrained)),
     channels=[120, 240, 480, 480],
     cls=dict(channels=480, drop_path_rate=0.3, warmup_epochs=5, optimizer=dict(lr=0.001),

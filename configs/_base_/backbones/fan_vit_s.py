@@ -8,7 +8,7 @@ pretrained = pretrained_source
 preset = dict(
     name='FAN-S-ViT',
     # SyncBN in the stem / channel attention as the official detection code (BN outside DDP)
-    backbone=dict(type='FAN', arch='vit_s', norm_cfg=dict(type='SyncBN'),
+    backbone=dict(type='FANViT', arch='vit_s', norm_cfg=dict(type='SyncBN'),
                   init_cfg=dict(type='Pretrained', checkpoint=pretrained)),
     channels=[96, 192, 384, 384],
     cls=dict(channels=384, drop_path_rate=0.2, warmup_epochs=5, optimizer=dict(lr=0.002),

@@ -1,5 +1,11 @@
-"""The base class of every mmvisatt backbone (presets, input checks, pretrained loading, freezing, layer ids), the
-initialisation they share, and the base RMT and EVT share."""
+"""The staged base of every mmvisatt backbone and what the families share around it.
+
+:class:`AttentionBackbone` owns the mm backbone interface once: preset resolution and validation, drop-path
+rates per stage, stage building through one hook (``_make_stage``), output norms, the stage loop (with or without
+state carried from stage to stage), input checks, pretrained loading, freezing and the layer order of layer-wise
+learning-rate decay. A family file adds its attention, block, stage, presets and converter
+(``docs/contributing.md``). :class:`DecayBackbone` is what RMT and EVT share on top.
+"""
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -33,6 +39,12 @@ def drop_path_rates(rate: float, count: int) -> List[float]:
     return torch.linspace(0, rate, count, device='cpu').tolist()
 
 
+def stage_drop_paths(rate: float, depths: Sequence[int]) -> List[List[float]]:
+    """:func:`drop_path_rates` over all ``sum(depths)`` blocks, cut into one list per stage."""
+    rates = drop_path_rates(rate, sum(depths))
+    return [rates[sum(depths[:i]):sum(depths[:i + 1])] for i in range(len(depths))]
+
+
 def init_transformer_weights(model: nn.Module, extra: Optional[Callable[[nn.Module], None]] = None) -> None:
     """The ViT / Swin initialisation every family starts from: truncated-normal linear weights (std 0.02), zero
     biases, unit LayerNorms; ``extra(module)`` initialises what a family adds (position tables, convs)."""
@@ -52,7 +64,8 @@ class AttentionBackbone(BaseModule):
     """What every mmvisatt backbone shares: arch presets, input checks, loud pretrained loading and ``train``
     with frozen stages / norm_eval.
 
-    Subclasses set ``arch_zoo``, ``_arch_keys`` (keys an arch dict must have), ``_arch_prefix`` (the
+    Subclasses set ``arch_zoo``, ``_arch_keys`` (keys an arch dict must have), ``_per_stage_keys`` (arch entries
+    that give one value per stage of ``depths``, checked here), ``_arch_prefix`` (the
     family-qualified preset prefix and checkpoint family, e.g. ``'reswin'``), ``not_in_pretrained`` (patterns of
     parameters an official checkpoint does not have, such as dense-task output norms), ``in_channels``,
     ``frozen_stages``, ``norm_eval`` and ``min_input_size`` (smallest input side the stem accepts); say what
@@ -63,6 +76,7 @@ class AttentionBackbone(BaseModule):
     """
     arch_zoo: Dict[str, dict] = {}
     _arch_keys: Tuple[str, ...] = ()
+    _per_stage_keys: Tuple[str, ...] = ()
     _arch_prefix = ''
     _arch_aliases = {'tiny': 't', 'small': 's', 'base': 'b', 'large': 'l'}
     not_in_pretrained: Tuple[str, ...] = ()
@@ -79,7 +93,7 @@ class AttentionBackbone(BaseModule):
             missing = set(cls._arch_keys) - set(arch)
             if missing:
                 raise ValueError(f'arch dict needs {sorted(missing)}')
-            return dict(arch)
+            return cls._check_per_stage(dict(arch))
         key = arch.lower()
         for sep in '_-':
             key = key.replace(cls._arch_prefix + sep, '')
@@ -89,7 +103,19 @@ class AttentionBackbone(BaseModule):
             raise ValueError(f"Unknown {cls._registered_as or cls.__name__} arch '{arch}'; choose one of "
                              f"{sorted(cls.arch_zoo)} (or {cls._arch_prefix}_{'/'.join(cls.arch_zoo)}, "
                              f"{'/'.join(names)}) or pass a dict.")
-        return dict(cls.arch_zoo[key])
+        return cls._check_per_stage(dict(cls.arch_zoo[key]))
+
+    @classmethod
+    def _check_per_stage(cls, arch: dict) -> dict:
+        """Every sequence in ``_per_stage_keys`` has one value per stage of ``depths`` (an int is a family's own
+        rule, e.g. MViTv2's doubling)."""
+        depths = arch.get('depths')
+        for key in cls._per_stage_keys if isinstance(depths, (list, tuple)) else ():
+            value = arch.get(key)
+            if isinstance(value, (list, tuple)) and len(value) != len(depths):
+                raise ValueError(f'arch {key} needs one entry per stage (one value per stage of depths '
+                                 f'{tuple(depths)}), got {tuple(value)}')
+        return arch
 
     def _set_interface(self, in_channels: int, out_indices: Sequence[int], num_outputs: int, frozen_stages: int,
                        norm_eval: bool) -> None:
@@ -146,14 +172,49 @@ class AttentionBackbone(BaseModule):
     _frozen_units = 'stages'
     _stage_norms = True
 
-    def _carry_through_stages(self, x: Tensor) -> Tuple[Tensor, ...]:
-        """Run ``stages`` that hand the residual scores on (``stage(x, carried, alpha) -> (x, carried)``, the ReViT
-        family); the normalised NCHW outputs of ``out_indices``."""
+    out_norms = True  # families where the output norms are optional set it from their argument
+    # the stages hand state on (``stage(x, carried, alpha) -> (x, carried)``: the ReViT family's residual scores)
+    _stage_carries = False
+
+    def _build_stages(self, depths: Sequence[int], drop_path_rate: float, **settings) -> None:
+        """``stages``: stage i from ``_make_stage(i, its drop-path rates, **settings)``, the rates rising linearly
+        over all blocks."""
+        self.stages = nn.ModuleList(
+            self._make_stage(i, rates, **settings) for i, rates in enumerate(stage_drop_paths(drop_path_rate, depths)))
+
+    def _make_stage(self, index: int, drop_path: List[float], **settings) -> nn.Module:
+        """The family's stage ``index`` with per-block drop-path rates ``drop_path``."""
+        raise NotImplementedError
+
+    def _add_output_norms(self, widths: Optional[Sequence[int]] = None, eps: float = 1e-5) -> None:
+        """A LayerNorm ``norm{i}`` for every output in ``out_indices`` (``widths``: ``num_features``), unless
+        ``out_norms`` is off."""
+        widths = self.num_features if widths is None else widths
+        for i in self.out_indices if self.out_norms else ():
+            self.add_module(f'norm{i}', nn.LayerNorm(widths[i], eps=eps))
+
+    def _output(self, i: int, x: Tensor) -> Tensor:
+        """Output ``i`` from a (B, H, W, C) map: through ``norm{i}`` where there is one, as contiguous NCHW."""
+        norm = getattr(self, f'norm{i}', None)
+        if norm is not None:
+            x = norm(x)
+        return x.permute(0, 3, 1, 2).contiguous()
+
+    def _run_stage(self, stage: nn.Module, x: Tensor, carried):
+        """One stage: (its output, the next stage's input, the state it hands on)."""
+        if self._stage_carries:
+            x, carried = stage(x, carried, self.alpha)
+        else:
+            x = stage(x)
+        return x, x, carried
+
+    def _forward_stages(self, x: Tensor) -> Tuple[Tensor, ...]:
+        """Run ``stages`` on the stem's output; the outputs of ``out_indices`` (see :meth:`_output`)."""
         carried, outs = None, []
         for i, stage in enumerate(self.stages):
-            x, carried = stage(x, carried, self.alpha)
+            out, x, carried = self._run_stage(stage, x, carried)
             if i in self.out_indices:
-                outs.append(getattr(self, f'norm{i}')(x).permute(0, 3, 1, 2).contiguous())
+                outs.append(self._output(i, out))
         return tuple(outs)
 
     def _freeze_stages(self):
@@ -249,20 +310,7 @@ class DecayBackbone(AttentionBackbone):
         arch = super()._resolve_arch(arch)
         for key, value in cls._stage_defaults(len(arch['depths'])).items():
             arch.setdefault(key, value)
-        return arch
-
-    @staticmethod
-    def _stage_settings(arch: dict, keys: Sequence[str], family: str) -> Tuple[list, list, list, Dict[str, list]]:
-        """Widths, depths, heads and the per-stage ``keys`` of ``arch``, checked to have one entry per stage."""
-        dims, depths, heads = list(arch['embed_dims']), list(arch['depths']), list(arch['num_heads'])
-        per_stage = {k: list(arch[k]) for k in keys}
-        if any(len(v) != len(depths) for v in [dims, heads, *per_stage.values()]):
-            raise ValueError(f'every per-stage {family} arch setting needs {len(depths)} entries, got {arch}')
-        return dims, depths, heads, per_stage
-
-    def _add_output_norms(self) -> None:
-        for i in self.out_indices if self.out_norms else ():
-            self.add_module(f'norm{i}', nn.LayerNorm(self.num_features[i]))
+        return cls._check_per_stage(arch)
 
     @property
     def min_input_size(self) -> int:
@@ -272,15 +320,12 @@ class DecayBackbone(AttentionBackbone):
     def forward(self, x: Tensor) -> Tuple[Tensor, ...]:
         """(B, C_in, H, W) -> tuple of (B, num_features[i], ceil(H / 2**(i+2)), ceil(W / 2**(i+2)))."""
         self._check_input(x)
-        x = self.patch_embed(x)
-        outs = []
-        for i, stage in enumerate(self.stages):
-            out, x = stage(x)
-            if i in self.out_indices:
-                if self.out_norms:
-                    out = getattr(self, f'norm{i}')(out)
-                outs.append(out.permute(0, 3, 1, 2).contiguous())
-        return tuple(outs)
+        return self._forward_stages(self.patch_embed(x))
+
+    def _run_stage(self, stage: nn.Module, x: Tensor, carried):
+        # a stage returns its output and, downsampled, the next stage's input
+        out, x = stage(x)
+        return out, x, carried
 
     def _layer_order(self) -> LayerOrder:
         yield 'patch_embed', False

@@ -14,7 +14,7 @@ As the paper describes it (section numbers of the paper; ``docs/evt.md`` lists e
 What the lost tables leave open (depths, which stages group, the gamma formula, group size) is ours, chosen by the
 rules the text gives and kept as preset values; ``docs/evt.md`` says why.
 """
-from typing import Dict, Optional, Sequence, Set, Tuple, Union
+from typing import Dict, List, Optional, Sequence, Set, Tuple, Union
 
 import torch
 import torch.nn as nn
@@ -25,12 +25,14 @@ from torch import Tensor
 from mmvisatt.checkpoint import register_converter
 from ..layers.attention import attention, resolve_fused_attn
 from ..layers.checkpoint import checkpoint
+from ..layers.helpers import check_choice
 from ..layers.patch import PatchEmbed, PatchMerging
-from ..layers.retentive import ConvDownsample, ConvStem, RetentiveBlock
-from ..layers.spatial_decay import SpatialDecay, TokenGroups, group_tokens, ungroup_tokens
-from .base import DecayBackbone, drop_path_rates
+from ..layers.spatial_decay import (ConvDownsample, ConvStem, RetentiveBlock, SpatialDecay, TokenGroups, group_tokens,
+                                    ungroup_tokens)
+from .base import DecayBackbone
 
 MODES = ('grouped', 'dilated', 'full')
+STYLES = ('rmt', 'swin')
 
 
 class EuclideanSelfAttention(nn.Module):
@@ -45,8 +47,7 @@ class EuclideanSelfAttention(nn.Module):
 
     def __init__(self, dim: int, num_heads: int, mode: str = 'grouped', fused: bool = True):
         super().__init__()
-        if mode not in MODES:
-            raise ValueError(f'EuSA mode must be one of {MODES}, got {mode!r}')
+        check_choice('EuSA mode', mode, MODES)
         self.num_heads = num_heads
         self.scale = (dim // num_heads) ** -0.5
         self.mode = mode
@@ -175,6 +176,8 @@ class EVT(DecayBackbone):
                        drop_path_rate=0.5),
     }
     _arch_keys = ('embed_dims', 'depths', 'num_heads')
+    _per_stage_keys = ('embed_dims', 'num_heads', 'mlp_ratios', 'init_values', 'heads_ranges', 'full_attention',
+                       'layer_scales')
     _arch_prefix = 'evt'
     not_in_pretrained = ('norm0.*', 'norm1.*', 'norm2.*', 'norm3.*')
     static_export_reason = ('the token groups (their number and padding) are Python integers of the map '
@@ -189,32 +192,27 @@ class EVT(DecayBackbone):
         arch = self._resolve_arch(arch)
         if group_size < 1:
             raise ValueError(f'group_size must be positive, got {group_size}')
-        keys = ('mlp_ratios', 'init_values', 'heads_ranges', 'full_attention', 'layer_scales')
-        dims, depths, heads, per_stage = self._stage_settings(arch, keys, 'EVT')
-        n = len(depths)
-        style = arch['style']
-        if style not in ('rmt', 'swin'):
-            raise ValueError(f"EVT style must be 'rmt' or 'swin', got {style!r}")
+        dims, depths = list(arch['embed_dims']), list(arch['depths'])
+        self.style = check_choice('EVT style', arch['style'], STYLES)
         self._setup(in_channels, dims, out_indices, frozen_stages, norm_eval, out_norms)
         self.group_size = group_size
-        self.style = style
-        rate = arch['drop_path_rate'] if drop_path_rate is None else drop_path_rate
-        rates = drop_path_rates(rate, sum(depths))
         self.fused_attn = resolve_fused_attn(fused_attn)
         self.patch_embed = (ConvStem(in_channels, dims[0], norm_cfg)
-                            if style == 'rmt' else PatchEmbed(in_channels, dims[0], 4))
-        self.stages = nn.ModuleList()
-        for i in range(n):
-            start = sum(depths[:i])
-            self.stages.append(EVTStage(
-                dims[i], dims[i + 1] if i < n - 1 else None, depths[i], heads[i],
-                mlp_ratio=per_stage['mlp_ratios'][i], init_value=per_stage['init_values'][i],
-                heads_range=per_stage['heads_ranges'][i], full=per_stage['full_attention'][i],
-                group_size=group_size, drop_path=rates[start:start + depths[i]],
-                layer_scale=layer_init_values if per_stage['layer_scales'][i] else None, style=style,
-                with_cp=with_cp, fused=self.fused_attn, norm_cfg=norm_cfg))
+                            if self.style == 'rmt' else PatchEmbed(in_channels, dims[0], 4))
+        self._build_stages(depths, arch['drop_path_rate'] if drop_path_rate is None else drop_path_rate, arch=arch,
+                           layer_init_values=layer_init_values, with_cp=with_cp, norm_cfg=norm_cfg)
         self._add_output_norms()
         self._freeze_stages()
+
+    def _make_stage(self, i: int, drop_path: List[float], *, arch: dict, layer_init_values: float, with_cp: bool,
+                    norm_cfg: Optional[dict]) -> nn.Module:
+        dims = arch['embed_dims']
+        return EVTStage(dims[i], dims[i + 1] if i < len(dims) - 1 else None, arch['depths'][i], arch['num_heads'][i],
+                        mlp_ratio=arch['mlp_ratios'][i], init_value=arch['init_values'][i],
+                        heads_range=arch['heads_ranges'][i], full=arch['full_attention'][i],
+                        group_size=self.group_size, drop_path=drop_path,
+                        layer_scale=layer_init_values if arch['layer_scales'][i] else None, style=self.style,
+                        with_cp=with_cp, fused=self.fused_attn, norm_cfg=norm_cfg)
 
     @classmethod
     def _stage_defaults(cls, num_stages: int) -> dict:

@@ -1,8 +1,8 @@
 """FAN: Fully Attentional Networks (Zhou et al., "Understanding The Robustness in Vision Transformers", ICML 2022).
 
-A FAN block replaces the transformer MLP by an efficient channel attention
-(:class:`~mmvisatt.models.layers.channel_attention.EfficientChannelAttention`): token attention mixes the
-tokens, then every channel is gated by a statistic of the whole image. The paper builds three forms:
+A FAN block replaces the transformer MLP by an efficient channel attention (:class:`EfficientChannelAttention`):
+token attention mixes the tokens, then every channel is gated by a statistic of the whole image. The paper builds
+three forms, one class and file each (``fan_vit.py``, ``fan_hybrid.py``, ``fan_swin.py``):
 
 - ``vit``: a 4-conv stride-16 stem, Fourier position encoding and FAN blocks (a plain, single-scale ViT; dense
   tasks get ViTDet's simple feature pyramid);
@@ -11,37 +11,165 @@ tokens, then every channel is gated by a statistic of the whole image. The paper
   the patch tokens after the class-attention head (stride 32);
 - ``swin``: Swin with the channel attention in place of the MLP in stages 1-3.
 
-Numerical quirks of the official code that its weights depend on are reproduced and switchable (``docs/fan.md``).
+The efficient channel attention (the paper's Eq. 7) gives every channel one gate from the whole image and
+multiplies it onto a value branch. Per head of ``d`` channels, with ``x`` the (normalised) input tokens::
+
+    q_hat = softmax_over_tokens(W_q x)                       (N, d)
+    k_hat = mean_over_the_head's_channels(softmax_over_tokens(x))   (N, 1)   # no key projection
+    gate  = temperature_head * sigmoid(q_hat^T k_hat)         (d,)     # no 1/sqrt(d) scaling
+    out   = gate * LayerNorm(value_mlp(x))                    broadcast over tokens
+
+``q_hat`` and ``k_hat`` are distributions over the N tokens, so the sigmoid's argument is about 1/N: the gate
+sits near 0.5 plus a small input-dependent term and ``temperature`` carries most of its scale.
+
+This file holds what the three forms share (the two attentions, the FAN and class-attention blocks, the presets,
+the base classes and the checkpoint converter). Numerical quirks of the official code that its
+weights depend on are reproduced (``docs/fan.md``).
 """
 import inspect
 import math
 import re
-from functools import partial
+import warnings
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from mmcv.cnn import build_norm_layer
 from mmengine.registry import MODELS
-from timm.layers import DropPath, LayerNorm2d, Mlp, trunc_normal_
+from timm.layers import DropPath, Mlp, trunc_normal_
 from torch import Tensor
 
 from mmvisatt.checkpoint import register_converter
 from ..layers.attention import attention, resolve_fused_attn
-from ..layers.channel_attention import ConvValueMlp, EfficientChannelAttention, TokenAttention
-from ..layers.checkpoint import checkpoint, checkpoint_seq
-from ..layers.patch import tokens_to_map
-from ..layers.patch import PatchEmbed, PatchMerging
-from ..layers.simple_pyramid import PYRAMID_WIDTHS, SimpleFeaturePyramid
-from ..layers.window import WindowAttention, WindowGrid, merge_windows, partition_windows, window_attention_mask
-from .base import AttentionBackbone, LayerOrder, drop_path_rates, init_transformer_weights, stage_layer_order
+from ..layers.checkpoint import checkpoint
+from ..layers.helpers import check_choice
+from ..layers.patch import map_to_tokens, tokens_to_map
+from ..layers.window import WindowAttention
+from .base import AttentionBackbone, LayerOrder, init_transformer_weights
 
 Size = Tuple[int, int]
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Stems and position encoding
+# Token attention and efficient channel attention
+# ---------------------------------------------------------------------------------------------------------
+class TokenAttention(nn.Module):
+    """Global multi-head self-attention with a query projection ``q`` and a joint key/value projection ``kv``
+    (keys are its first ``dim`` outputs, values the last)."""
+
+    def __init__(self, dim: int, num_heads: int, qkv_bias: bool = True, attn_drop: float = 0.,
+                 proj_drop: float = 0., fused: bool = True):
+        super().__init__()
+        if dim % num_heads:
+            raise ValueError(f'dim {dim} is not divisible by num_heads {num_heads}')
+        self.num_heads = num_heads
+        self.fused = fused
+        self.attn_drop = attn_drop
+        self.q = nn.Linear(dim, dim, bias=qkv_bias)
+        self.kv = nn.Linear(dim, 2 * dim, bias=qkv_bias)
+        self.proj = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(proj_drop)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """(B, N, C) -> (B, N, C)."""
+        B, N, C = x.shape
+        h = self.num_heads
+        q = self.q(x).reshape(B, N, h, C // h).transpose(1, 2)
+        k, v = self.kv(x).reshape(B, N, 2, h, C // h).permute(2, 0, 3, 1, 4)
+        out = attention(q, k, v, dropout=self.attn_drop if self.training else 0., fused=self.fused)
+        return self.proj_drop(self.proj(out.transpose(1, 2).reshape(B, N, C)))
+
+
+def channel_gate(q: Tensor, k: Tensor, num_heads: int) -> Tensor:
+    """The efficient channel attention gate before its temperature: (B, N, C) queries and keys -> (B, heads, d).
+
+    gate[b, h, c] = sigmoid(sum_n softmax_n(q)[n, h, c] * mean_c' softmax_n(k)[n, h, c']).
+    """
+    B, N, C = q.shape
+    q = q.softmax(dim=1).reshape(B, N, num_heads, C // num_heads)
+    prototype = k.softmax(dim=1).reshape(B, N, num_heads, C // num_heads).mean(dim=-1)
+    return torch.einsum('bnhc,bnh->bhc', q, prototype).sigmoid()
+
+
+class DepthwiseConvBlock(nn.Module):
+    """3x3 depthwise conv -> GELU -> BatchNorm -> 3x3 depthwise conv on tokens laid out as an (H, W) map."""
+
+    def __init__(self, dim: int, norm_layer: Callable[[int], nn.Module] = nn.BatchNorm2d):
+        super().__init__()
+        self.conv1 = nn.Conv2d(dim, dim, 3, padding=1, groups=dim)
+        self.act = nn.GELU()
+        self.bn = norm_layer(dim)
+        self.conv2 = nn.Conv2d(dim, dim, 3, padding=1, groups=dim)
+
+    def forward(self, x: Tensor, size: Tuple[int, int]) -> Tensor:
+        """(B, N, C) with N = H * W (row-major) -> (B, N, C)."""
+        x = self.conv2(self.bn(self.act(self.conv1(tokens_to_map(x, size)))))
+        return map_to_tokens(x)
+
+
+class ConvValueMlp(nn.Module):
+    """The value branch of the channel attention: fc1 -> (identity +) gamma * depthwise convs -> fc2.
+
+    There is no activation after ``fc1`` (FAN's released models were trained so). ``residual=False`` drops the
+    identity around the depthwise convolutions, as FAN's Swin variant does.
+    """
+
+    def __init__(self, dim: int, hidden_dim: int, residual: bool = True, drop: float = 0.,
+                 norm_layer: Callable[[int], nn.Module] = nn.BatchNorm2d):
+        super().__init__()
+        self.residual = residual
+        self.fc1 = nn.Linear(dim, hidden_dim)
+        self.dwconv = DepthwiseConvBlock(hidden_dim, norm_layer)
+        self.gamma = nn.Parameter(torch.ones(hidden_dim))
+        self.fc2 = nn.Linear(hidden_dim, dim)
+        self.drop = nn.Dropout(drop)
+
+    def forward(self, x: Tensor, size: Tuple[int, int]) -> Tensor:
+        """(B, N, C) -> (B, N, C)."""
+        x = self.fc1(x)
+        conv = self.gamma * self.dwconv(x, size)
+        x = self.drop(x + conv if self.residual else conv)
+        return self.drop(self.fc2(x))
+
+
+class EfficientChannelAttention(nn.Module):
+    """FAN's efficient channel attention: a per-channel, per-image gate times a normalised value branch.
+
+    Args:
+        dim: channels. num_heads: heads of the gate (``temperature`` has one entry per head).
+        hidden_dim: width of the value MLP. qkv_bias: bias of the query projection.
+        attn_drop: dropout on the gate. drop: dropout in the value MLP.
+        value_residual: identity around the value MLP's depthwise convs (see :class:`ConvValueMlp`).
+        value_norm_eps: eps of the value LayerNorm (1e-5 in FAN's released models, while its other norms use
+            1e-6).
+        norm_layer: the normalisation between the depthwise convs (BatchNorm2d, or SyncBatchNorm).
+    """
+
+    def __init__(self, dim: int, num_heads: int, hidden_dim: int, *, qkv_bias: bool = True, attn_drop: float = 0.,
+                 drop: float = 0., value_residual: bool = True, value_norm_eps: float = 1e-5,
+                 norm_layer: Callable[[int], nn.Module] = nn.BatchNorm2d):
+        super().__init__()
+        if dim % num_heads:
+            raise ValueError(f'dim {dim} is not divisible by num_heads {num_heads}')
+        self.num_heads = num_heads
+        self.temperature = nn.Parameter(torch.ones(num_heads, 1, 1))
+        self.q = nn.Linear(dim, dim, bias=qkv_bias)
+        self.mlp_v = ConvValueMlp(dim, hidden_dim, value_residual, drop, norm_layer)
+        self.norm_v = nn.LayerNorm(dim, eps=value_norm_eps)
+        self.attn_drop = nn.Dropout(attn_drop)
+
+    def gate(self, x: Tensor) -> Tensor:
+        """(B, N, C) -> (B, 1, C): the per-channel gate, temperature included."""
+        gate = channel_gate(self.q(x), x, self.num_heads) * self.temperature.view(1, self.num_heads, 1)
+        return self.attn_drop(gate).flatten(1).unsqueeze(1)
+
+    def forward(self, x: Tensor, size: Tuple[int, int]) -> Tensor:
+        """(B, N, C) tokens of an (H, W) = ``size`` map -> (B, N, C)."""
+        return self.norm_v(self.mlp_v(x, size)) * self.gate(x)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Position encoding
 # ---------------------------------------------------------------------------------------------------------
 class FourierPositionEncoding(nn.Module):
     """Sine/cosine encoding of normalised (y, x) coordinates, projected to ``dim`` channels by a 1x1 conv.
@@ -79,115 +207,6 @@ class FourierPositionEncoding(nn.Module):
         x = self._encode(W, freqs)[None, :, :].expand(H, W, -1)
         grid = torch.cat([y, x], dim=-1).permute(2, 0, 1)[None].to(self.proj.weight.dtype)
         return self.proj(grid).flatten(2).transpose(1, 2)
-
-
-class ConvPatchEmbed(nn.Module):
-    """FAN-ViT's stem: four 3x3 stride-2 convs (no bias) each with a BatchNorm, GELU between, widths
-    C/8, C/4, C/2, C. Gives ceil(H / 16) x ceil(W / 16) tokens for any input."""
-
-    def __init__(self, in_channels: int, dim: int, norm_layer: Callable[[int], nn.Module]):
-        super().__init__()
-        widths = [in_channels, dim // 8, dim // 4, dim // 2, dim]
-        layers: List[nn.Module] = []
-        for i in range(4):
-            layers.append(nn.Sequential(nn.Conv2d(widths[i], widths[i + 1], 3, 2, 1, bias=False),
-                                        norm_layer(widths[i + 1])))
-            if i < 3:
-                layers.append(nn.GELU())
-        self.proj = nn.Sequential(*layers)
-
-    def forward(self, x: Tensor) -> Tuple[Tensor, Size, List[Tensor]]:
-        """(B, C_in, H, W) -> tokens (B, N, C), their grid (H', W') and no intermediate maps."""
-        x = self.proj(x)
-        # contiguous tokens: a transposed view would make the residual stream of every block strided
-        return x.flatten(2).transpose(1, 2).contiguous(), tuple(x.shape[-2:]), []
-
-
-class UnbiasedLayerNorm2d(LayerNorm2d):
-    """timm's ``LayerNorm2d`` with the variance divided by C - 1: a numerical accident of the official hybrid stem
-    (timm 0.5's LayerNorm2d falls back to ``torch.var_mean`` for channels_last-strided input, which every norm
-    after the stem's receives), kept because the released weights were trained with it."""
-
-    def forward(self, x: Tensor) -> Tensor:
-        var, mean = torch.var_mean(x, dim=1, keepdim=True)
-        x = (x - mean) * torch.rsqrt(var + self.eps)
-        return x * self.weight[:, None, None] + self.bias[:, None, None]
-
-
-def _layer_norm_2d(dim: int, unbiased: bool = False) -> LayerNorm2d:
-    return UnbiasedLayerNorm2d(dim) if unbiased else LayerNorm2d(dim)
-
-
-class ConvNeXtMlp(nn.Module):
-    def __init__(self, dim: int, hidden_dim: int):
-        super().__init__()
-        self.fc1 = nn.Conv2d(dim, hidden_dim, 1)
-        self.act = nn.GELU()
-        self.fc2 = nn.Conv2d(hidden_dim, dim, 1)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.fc2(self.act(self.fc1(x)))
-
-
-class ConvNeXtBlock(nn.Module):
-    """7x7 depthwise conv -> LayerNorm2d -> 1x1 conv (4x) -> GELU -> 1x1 conv -> layer scale -> + input."""
-
-    def __init__(self, dim: int, unbiased_norm: bool, layer_scale: float = 1e-6):
-        super().__init__()
-        self.conv_dw = nn.Conv2d(dim, dim, 7, padding=3, groups=dim)
-        self.norm = _layer_norm_2d(dim, unbiased_norm)
-        self.mlp = ConvNeXtMlp(dim, 4 * dim)
-        self.gamma = nn.Parameter(torch.full((dim, ), layer_scale))
-
-    def forward(self, x: Tensor) -> Tensor:
-        return x + self.mlp(self.norm(self.conv_dw(x))) * self.gamma.view(1, -1, 1, 1)
-
-
-class ConvNeXtStage(nn.Module):
-    def __init__(self, in_dim: int, dim: int, depth: int, downsample: bool, unbiased_norms: bool,
-                 with_cp: bool = False):
-        super().__init__()
-        self.with_cp = with_cp
-        self.downsample = nn.Sequential(_layer_norm_2d(in_dim, unbiased_norms),
-                                        nn.Conv2d(in_dim, dim, 2, 2)) if downsample else None
-        self.blocks = nn.Sequential(*[ConvNeXtBlock(dim, unbiased_norms) for _ in range(depth)])
-
-    def forward(self, x: Tensor) -> Tensor:
-        if self.downsample is not None:
-            x = self.downsample(x)
-        # the stem runs at strides 4 and 8, where a block's activations are the largest of the network
-        return checkpoint_seq(self.blocks, x, enabled=self.with_cp)
-
-
-class HybridEmbed(nn.Module):
-    """FAN-Hybrid's stem: ConvNeXt (4x4 stride-4 conv + LayerNorm2d, then stages at strides 4 and 8), then a 2x2
-    stride-2 conv to ``dim`` channels (stride 16).
-
-    ``unbiased_norms`` reproduces the official variance of every LayerNorm2d after the first (see
-    :class:`UnbiasedLayerNorm2d`). The input is padded to a multiple of 16, so every map has ceil(H / stride) rows
-    before the caller crops the padded margin off the ConvNeXt maps.
-    """
-
-    def __init__(self, in_channels: int, dim: int, depths: Sequence[int], dims: Sequence[int],
-                 unbiased_norms: bool = True, with_cp: bool = False):
-        super().__init__()
-        self.stem = nn.Sequential(nn.Conv2d(in_channels, dims[0], 4, 4), LayerNorm2d(dims[0]))
-        self.stages = nn.ModuleList([
-            ConvNeXtStage(dims[max(i - 1, 0)], dims[i], depths[i], i > 0, unbiased_norms, with_cp)
-            for i in range(len(depths))
-        ])
-        self.proj = nn.Conv2d(dims[-1], dim, 2, 2)
-
-    def forward(self, x: Tensor) -> Tuple[Tensor, Size, List[Tensor]]:
-        """(B, C_in, H, W) -> tokens (B, N, C), their grid and the ConvNeXt stage maps."""
-        x = F.pad(x, (0, -x.shape[-1] % 16, 0, -x.shape[-2] % 16))
-        x = self.stem(x)
-        maps = []
-        for stage in self.stages:
-            x = stage(x)
-            maps.append(x)
-        x = self.proj(x)
-        return x.flatten(2).transpose(1, 2).contiguous(), tuple(x.shape[-2:]), maps
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -269,65 +288,6 @@ class ClassAttentionBlock(nn.Module):
         return x + torch.cat([self.gamma2 * self.mlp(x[:, :1]), x[:, 1:]], dim=1)
 
 
-class FANSwinBlock(nn.Module):
-    """A Swin block (W-MSA / SW-MSA) whose MLP is FAN's channel attention (computed over the whole map, not per
-    window; its value MLP has no identity around the depthwise convs) or, with ``channel_attn=False``, a plain
-    MLP."""
-
-    def __init__(self, dim: int, num_heads: int, *, window_size: int = 7, shifted: bool = False,
-                 mlp_ratio: float = 4., qkv_bias: bool = True, drop: float = 0., attn_drop: float = 0.,
-                 drop_path: float = 0., channel_attn: bool = True, fused: bool = True,
-                 norm_layer: Callable[[int], nn.Module] = nn.BatchNorm2d):
-        super().__init__()
-        self.window_size = window_size
-        self.shift = window_size // 2 if shifted else 0
-        self.norm1 = nn.LayerNorm(dim)
-        self.attn = WindowAttention(dim, num_heads, window_size, qkv_bias=qkv_bias, attn_drop=attn_drop,
-                                    proj_drop=drop, fused=fused)
-        self.norm2 = nn.LayerNorm(dim)
-        hidden = int(dim * mlp_ratio)
-        if channel_attn:
-            self.channel_attn = EfficientChannelAttention(dim, num_heads, hidden, qkv_bias=qkv_bias,
-                                                          attn_drop=attn_drop, drop=drop, value_residual=False,
-                                                          norm_layer=norm_layer)
-        else:
-            self.mlp = Mlp(dim, hidden, act_layer=nn.GELU, drop=drop)
-        self.drop_path = DropPath(drop_path) if drop_path > 0. else nn.Identity()
-
-    def forward(self, x: Tensor) -> Tensor:
-        """(B, H, W, C) -> (B, H, W, C)."""
-        B, H, W, C = x.shape
-        grid = WindowGrid.build(H, W, self.window_size, self.shift)
-        mask = window_attention_mask(grid, x.device)
-        windows = self.attn(partition_windows(self.norm1(x), grid), grid.num_windows, mask)
-        x = x + self.drop_path(merge_windows(windows, grid))
-        tokens = self.norm2(x).reshape(B, H * W, C)
-        if hasattr(self, 'channel_attn'):
-            out = self.channel_attn(tokens, (H, W))
-        else:
-            out = self.mlp(tokens)
-        return x + self.drop_path(out.reshape(B, H, W, C))
-
-
-class FANSwinStage(nn.Module):
-    """Optional patch merging, then ``depth`` blocks alternating W-MSA and SW-MSA."""
-
-    def __init__(self, in_dim: int, dim: int, depth: int, num_heads: int, *, downsample: bool,
-                 drop_path: Sequence[float], with_cp: bool = False, **block_kwargs):
-        super().__init__()
-        self.with_cp = with_cp
-        self.downsample = PatchMerging(in_dim, dim) if downsample else None
-        self.blocks = nn.ModuleList([
-            FANSwinBlock(dim, num_heads, shifted=i % 2 == 1, drop_path=drop_path[i], **block_kwargs)
-            for i in range(depth)
-        ])
-
-    def forward(self, x: Tensor) -> Tensor:
-        if self.downsample is not None:
-            x = self.downsample(x)
-        return checkpoint_seq(self.blocks, x, enabled=self.with_cp)
-
-
 # ---------------------------------------------------------------------------------------------------------
 # The backbone
 # ---------------------------------------------------------------------------------------------------------
@@ -347,32 +307,15 @@ def _swin(dim: int, depths: Sequence[int], heads: Sequence[int]) -> dict:
 
 
 FORMS = ('vit', 'hybrid', 'swin')
+_FORM_CLASS_NAMES = {'vit': 'FANViT', 'hybrid': 'FANHybrid', 'swin': 'FANSwin'}
 # what forward returns: 'featmap' (the dense levels) or the features the official linear head reads
 OUT_TYPES = {'vit': ('featmap', 'cls_token'), 'hybrid': ('featmap', 'cls_token'), 'swin': ('featmap', 'avg_featmap')}
-
-
-def _init_fan_module(m: nn.Module) -> None:
-    """The official initialisation of what FAN adds to a transformer: He-normal (fan-out) depthwise convs in the
-    channel attention's MLP, trunc-normal ConvNeXt stem convs, Swin position tables."""
-    if isinstance(m, ConvValueMlp):
-        for conv in (m.dwconv.conv1, m.dwconv.conv2):
-            fan_out = conv.kernel_size[0] * conv.kernel_size[1] * conv.out_channels // conv.groups
-            nn.init.normal_(conv.weight, 0, math.sqrt(2.0 / fan_out))
-            nn.init.zeros_(conv.bias)
-    elif isinstance(m, HybridEmbed):
-        for conv in m.modules():
-            if isinstance(conv, nn.Conv2d) and conv is not m.proj:
-                trunc_normal_(conv.weight, std=.02)
-                nn.init.zeros_(conv.bias)
-    elif isinstance(m, WindowAttention):
-        trunc_normal_(m.relative_position_bias_table, std=.02)
 
 
 class FANBase(AttentionBackbone):
     """Fully Attentional Networks as a dense backbone (NCHW maps at strides 4/8/16/32): what the three forms
     :class:`FANViT`, :class:`FANHybrid` and :class:`FANSwin` share (presets, arch names, outputs, init).
-    :class:`FAN` (``type='FAN'`` in a config) builds the form an arch names. Arguments below are marked with the
-    forms they apply to where not all.
+    Arguments below are marked with the forms they apply to where not all.
 
     Args:
         arch: a preset, ``'{form}_{size}'`` with form ``vit``/``hybrid``/``swin`` and size ``t``/``s``/``b``/``l``
@@ -451,7 +394,8 @@ class FANBase(AttentionBackbone):
         """What every form sets first; returns the resolved arch."""
         arch = self._resolve_form(arch, form)
         if arch['form'] != self.form:
-            raise ValueError(f"arch is a {arch['form']} FAN, not a {self.form} one; build it with FAN(arch=...)")
+            raise ValueError(f"arch is a {arch['form']} FAN, not a {self.form} one; build it with "
+                             f"{_FORM_CLASS_NAMES[arch['form']]}")
         self.arch = arch
         if out_type not in OUT_TYPES[self.form]:
             raise ValueError(f"out_type '{out_type}' is not available for a {self.form} FAN; choose one of "
@@ -467,15 +411,10 @@ class FANBase(AttentionBackbone):
         self.fused_attn = resolve_fused_attn(fused_attn)
         return arch
 
-    def _add_output_norms(self, eps: float) -> None:
-        if self.out_norms:
-            for i in self.out_indices:
-                self.add_module(f'norm{i}', nn.LayerNorm(self.num_features[i], eps=eps))
-
     @classmethod
     def _resolve_form(cls, arch: Union[str, dict], form: Optional[str]) -> dict:
-        if form is not None and form not in FORMS:
-            raise ValueError(f"form must be one of {FORMS}, got '{form}'")
+        if form is not None:
+            check_choice('form', form, FORMS)
         if form is not None and isinstance(arch, str):
             key = arch.lower().replace('-', '_')
             key = key[len('fan_'):] if key.startswith('fan_') else key
@@ -485,8 +424,7 @@ class FANBase(AttentionBackbone):
         arch = cls._resolve_arch(arch)
         if form is not None and arch['form'] != form:
             raise ValueError(f"arch is a {arch['form']} FAN but form='{form}'")
-        if arch['form'] not in FORMS:
-            raise ValueError(f"arch form must be one of {FORMS}, got '{arch['form']}'")
+        check_choice('arch form', arch['form'], FORMS)
         needed = {'vit': ('depth', ), 'hybrid': ('depth', 'stem_depths', 'stem_dims'), 'swin': ('depths', )}
         missing = [k for k in needed[arch['form']] if k not in arch]
         if missing:
@@ -501,19 +439,28 @@ class FANBase(AttentionBackbone):
             return super()._resolve_arch(cls._arch_aliases.get(key, key))
         return super()._resolve_arch(arch)
 
+    def _init_module(self, m: nn.Module) -> None:
+        """The official initialisation of what FAN adds to a transformer: He-normal (fan-out) depthwise convs in
+        the channel attention's MLP, Swin position tables."""
+        if isinstance(m, ConvValueMlp):
+            for conv in (m.dwconv.conv1, m.dwconv.conv2):
+                fan_out = conv.kernel_size[0] * conv.kernel_size[1] * conv.out_channels // conv.groups
+                nn.init.normal_(conv.weight, 0, math.sqrt(2.0 / fan_out))
+                nn.init.zeros_(conv.bias)
+        elif isinstance(m, WindowAttention):
+            trunc_normal_(m.relative_position_bias_table, std=.02)
+
     def _default_init(self):
-        init_transformer_weights(self, _init_fan_module)
+        init_transformer_weights(self, self._init_module)
         if getattr(self, 'cls_token', None) is not None:
             trunc_normal_(self.cls_token, std=.02)
 
-    def _output(self, i: int, x: Tensor, height: int, width: int) -> Tensor:
+    def _level(self, i: int, x: Tensor, height: int, width: int) -> Tensor:
         """Crop an NCHW level to ceil(H / stride) x ceil(W / stride) and apply its output norm."""
         stride = self.strides[i]
         # integer ceil: a float of the sizes would be a symbolic float under torch.compile(dynamic=True)
         x = x[..., :(height + stride - 1) // stride, :(width + stride - 1) // stride]
-        if self.out_norms:
-            x = getattr(self, f'norm{i}')(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
-        return x.contiguous()
+        return self._output(i, x.permute(0, 2, 3, 1)) if self.out_norms else x.contiguous()
 
     def forward(self, x: Tensor) -> Tuple[Tensor, ...]:
         """(B, C_in, H, W) -> tuple of (B, num_features[i], ceil(H / s_i), ceil(W / s_i)), s = ``strides``
@@ -581,7 +528,7 @@ class _TokenFAN(FANBase):
     def _forward_dense(self, x: Tensor) -> Tuple[Tensor, ...]:
         H, W = x.shape[-2:]
         levels = self._dense_levels(*self._run_blocks(x))
-        return tuple(self._output(i, levels[i], H, W) for i in self.out_indices)
+        return tuple(self._level(i, levels[i], H, W) for i in self.out_indices)
 
     def forward_classifier(self, x: Tensor) -> Tensor:
         """(B, C_in, H, W) -> (B, C): the normalised class token (needs ``out_type='cls_token'`` or
@@ -604,173 +551,25 @@ class _TokenFAN(FANBase):
             yield from (('cls_token', True), ('cls_attn_blocks', False), ('cls_norm', False))
 
 
-@MODELS.register_module()
-class FANViT(_TokenFAN):
-    """FAN-ViT: a stride-16 conv stem, FAN blocks (token attention + efficient channel attention) and, for
-    classification, the class-attention head; dense levels from a simple feature pyramid on the last block."""
-    form = 'vit'
-
-    def __init__(self, arch: Union[str, dict] = 'vit_s', form: Optional[str] = None, *, in_channels: int = 3,
-                 mlp_ratio: float = 4., qkv_bias: bool = True, drop_rate: float = 0., attn_drop_rate: float = 0.,
-                 drop_path_rate: float = 0.1, eta: float = 1., cls_attn_layers: int = 2,
-                 cls_tokens_norm: bool = True, classifier: bool = False, out_indices: Sequence[int] = (0, 1, 2, 3),
-                 out_norms: bool = True, out_type: str = 'featmap', pos_exponent: str = 'paired',
-                 fused_attn: Optional[bool] = None, norm_cfg: Optional[dict] = None, frozen_stages: int = -1,
-                 norm_eval: bool = False, with_cp: bool = False, init_cfg: Optional[dict] = None):
-        super().__init__(init_cfg=init_cfg)
-        arch = self._setup(arch, form, in_channels, out_indices, out_norms, out_type, frozen_stages, norm_eval,
-                           with_cp, fused_attn)
-        bn = partial(_build_bn, norm_cfg or dict(type='BN'))
-        dim = arch['embed_dims']
-        self._build_tokens(arch, ConvPatchEmbed(in_channels, dim, bn), mlp_ratio=mlp_ratio, qkv_bias=qkv_bias,
-                           drop_rate=drop_rate, attn_drop_rate=attn_drop_rate, drop_path_rate=drop_path_rate,
-                           eta=eta, cls_attn_layers=cls_attn_layers, cls_tokens_norm=cls_tokens_norm,
-                           classifier=classifier or out_type == 'cls_token', class_attention=False,
-                           pos_exponent=pos_exponent, bn=bn)
-        if self.out_indices:
-            self.pyramid = SimpleFeaturePyramid(dim, self.out_indices)
-        self.num_features = [int(dim * w) for w in PYRAMID_WIDTHS]
-        self.not_in_pretrained = tuple(f'norm{i}.*' for i in range(4)) + ('pyramid.*', )
-        self._add_output_norms(1e-6)
-        self._freeze_stages()
-
-    def _dense_levels(self, tokens: Tensor, size: Size, maps: List[Tensor],
-                      out_block_tokens: Tensor) -> Dict[int, Tensor]:
-        return self.pyramid(tokens_to_map(tokens, size))
-
-
-@MODELS.register_module()
-class FANHybrid(_TokenFAN):
-    """FAN-Hybrid: FAN-ViT on a ConvNeXt stem (strides 4 and 8). Dense levels as the official detection backbone:
-    the two ConvNeXt maps, FAN block ``out_block``, and a new 3x3 stride-2 conv on the patch tokens after the
-    class-attention head (or, ``feat_downsample=False``, those tokens at stride 16, the segmentation layout)."""
-    form = 'hybrid'
-
-    def __init__(self, arch: Union[str, dict] = 'hybrid_s', form: Optional[str] = None, *, in_channels: int = 3,
-                 mlp_ratio: float = 4., qkv_bias: bool = True, drop_rate: float = 0., attn_drop_rate: float = 0.,
-                 drop_path_rate: float = 0.1, eta: float = 1., cls_attn_layers: int = 2,
-                 cls_tokens_norm: bool = True, classifier: bool = False, out_indices: Sequence[int] = (0, 1, 2, 3),
-                 out_norms: bool = True, out_type: str = 'featmap', unbiased_stem_norms: bool = True,
-                 pos_exponent: str = 'paired', fused_attn: Optional[bool] = None, feat_downsample: bool = True,
-                 norm_cfg: Optional[dict] = None, frozen_stages: int = -1, norm_eval: bool = False,
-                 with_cp: bool = False, init_cfg: Optional[dict] = None):
-        super().__init__(init_cfg=init_cfg)
-        arch = self._setup(arch, form, in_channels, out_indices, out_norms, out_type, frozen_stages, norm_eval,
-                           with_cp, fused_attn)
-        self.feat_downsample = feat_downsample
-        bn = partial(_build_bn, norm_cfg or dict(type='BN'))
-        dim = arch['embed_dims']
-        stem = HybridEmbed(in_channels, dim, arch['stem_depths'], arch['stem_dims'], unbiased_stem_norms, with_cp)
-        self._build_tokens(arch, stem, mlp_ratio=mlp_ratio, qkv_bias=qkv_bias, drop_rate=drop_rate,
-                           attn_drop_rate=attn_drop_rate, drop_path_rate=drop_path_rate, eta=eta,
-                           cls_attn_layers=cls_attn_layers, cls_tokens_norm=cls_tokens_norm,
-                           classifier=classifier or out_type == 'cls_token',
-                           class_attention=3 in self.out_indices, pos_exponent=pos_exponent, bn=bn)
-        down = arch.get('down_channels', 768) if feat_downsample else dim
-        if 3 in self.out_indices and feat_downsample:
-            self.downsample = nn.Conv2d(dim, down, 3, 2, 1)
-        self.num_features = [*arch['stem_dims'][:2], dim, down]
-        self.not_in_pretrained = tuple(f'norm{i}.*' for i in range(4)) + ('downsample.*', )
-        self._add_output_norms(1e-6)
-        self._freeze_stages()
-
-    @property
-    def strides(self) -> Tuple[int, ...]:
-        return (4, 8, 16, 32 if self.feat_downsample else 16)
-
-    def _dense_levels(self, tokens: Tensor, size: Size, maps: List[Tensor],
-                      out_block_tokens: Tensor) -> Dict[int, Tensor]:
-        levels = {0: maps[0], 1: maps[1], 2: tokens_to_map(out_block_tokens, size)}
-        if 3 in self.out_indices:
-            patches = tokens_to_map(self._class_attention(tokens)[:, 1:], size)
-            levels[3] = self.downsample(patches) if self.feat_downsample else patches
-        return levels
-
-    def _stem_layer_order(self) -> LayerOrder:
-        # the ConvNeXt blocks of the hybrid stem are layers too
-        yield 'patch_embed.stem', False
-        yield from stage_layer_order(self.patch_embed.stages, 'patch_embed.stages', before=('downsample', ))
-        yield 'patch_embed.proj', False
-
-
-@MODELS.register_module()
-class FANSwin(FANBase):
-    """FAN-Swin: Swin-T/S/B/L stages whose MLPs are FAN's channel attention (``channel_attn`` per stage)."""
-    form = 'swin'
-    static_export_reason = ('the window padding and shift mask are built from the map size in Python, so '
-                            'torch.export fixes the size')
-
-    def __init__(self, arch: Union[str, dict] = 'swin_t', form: Optional[str] = None, *, in_channels: int = 3,
-                 mlp_ratio: float = 4., qkv_bias: bool = True, drop_rate: float = 0., attn_drop_rate: float = 0.,
-                 drop_path_rate: float = 0.1, out_indices: Sequence[int] = (0, 1, 2, 3), out_norms: bool = True,
-                 out_type: str = 'featmap', window_size: int = 7, patch_size: int = 4,
-                 fused_attn: Optional[bool] = None, norm_cfg: Optional[dict] = None, frozen_stages: int = -1,
-                 norm_eval: bool = False, with_cp: bool = False, init_cfg: Optional[dict] = None):
-        super().__init__(init_cfg=init_cfg)
-        arch = self._setup(arch, form, in_channels, out_indices, out_norms, out_type, frozen_stages, norm_eval,
-                           with_cp, fused_attn)
-        depths, heads = arch['depths'], arch['num_heads']
-        if len(depths) != 4 or len(heads) != 4:
-            raise ValueError(f'FAN-Swin needs four stages, got depths {depths} and num_heads {heads}')
-        bn = partial(_build_bn, norm_cfg or dict(type='BN'))
-        channel_attn = arch.get('channel_attn', (True, True, True, False))
-        self.patch_size = patch_size
-        self.num_features = [arch['embed_dims'] * 2 ** i for i in range(4)]
-        self.patch_embed = PatchEmbed(in_channels, arch['embed_dims'], patch_size)
-        self.pos_drop = nn.Dropout(drop_rate)
-        rates = drop_path_rates(drop_path_rate, sum(depths))
-        self.stages = nn.ModuleList()
-        for i in range(4):
-            start = sum(depths[:i])
-            self.stages.append(
-                FANSwinStage(self.num_features[max(i - 1, 0)], self.num_features[i], depths[i], heads[i],
-                             downsample=i > 0, drop_path=rates[start:start + depths[i]], with_cp=with_cp,
-                             window_size=window_size,
-                             mlp_ratio=mlp_ratio, qkv_bias=qkv_bias, drop=drop_rate, attn_drop=attn_drop_rate,
-                             channel_attn=bool(channel_attn[i]), fused=self.fused_attn, norm_layer=bn))
-        self.not_in_pretrained = tuple(f'norm{i}.*' for i in range(3))
-        self._add_output_norms(1e-5)
-        self._freeze_stages()
-
-    def _forward_dense(self, x: Tensor) -> Tuple[Tensor, ...]:
-        H, W = x.shape[-2:]
-        x = self.pos_drop(self.patch_embed(x))
-        outs = []
-        for i, stage in enumerate(self.stages):
-            x = stage(x)
-            if i in self.out_indices:
-                outs.append(self._output(i, x.permute(0, 3, 1, 2), H, W))
-        return tuple(outs)
-
-    def forward_classifier(self, x: Tensor) -> Tensor:
-        """(B, C_in, H, W) -> (B, C): the mean of the normalised last stage (needs ``norm3``:
-        ``out_type='avg_featmap'``, or ``3 in out_indices`` and ``out_norms``)."""
-        self._check_input(x)
-        if not (3 in self.out_indices and self.out_norms):
-            raise RuntimeError("forward_classifier of a swin FAN needs norm3 (out_type='avg_featmap', or 3 in "
-                               "out_indices with out_norms=True)")
-        return self._forward_dense(x)[self.out_indices.index(3)].mean(dim=(2, 3))
-
-    def _layer_order(self) -> LayerOrder:
-        yield 'patch_embed', False
-        yield from stage_layer_order(self.stages, before=('downsample', ))
-
-
-_FORM_CLASSES = {'vit': FANViT, 'hybrid': FANHybrid, 'swin': FANSwin}
-
-
 @MODELS.register_module(name='FAN')
 def FAN(arch: Union[str, dict] = 'hybrid_s', form: Optional[str] = None, **kwargs) -> FANBase:  # noqa: N802
-    """Build the FAN form ``arch`` names (``type='FAN'``): a :class:`FANViT`, :class:`FANHybrid` or :class:`FANSwin`.
+    """Deprecated: build the FAN form ``arch`` names (``type='FAN'`` in configs written before the forms had a
+    class each). Configs name the form's class: ``FANViT``, ``FANHybrid`` or ``FANSwin``.
 
     An argument the form does not have is dropped when it holds the value it defaults to in the forms that have
     it (e.g. ``classifier=False`` for Swin, so one config can switch forms), and is an error otherwise that says
     which forms have it. Arguments: :class:`FANBase`.
     """
-    target = _FORM_CLASSES[FANBase._resolve_form(arch, form)['form']]
+    from .fan_hybrid import FANHybrid
+    from .fan_swin import FANSwin
+    from .fan_vit import FANViT
+    forms = {'vit': FANViT, 'hybrid': FANHybrid, 'swin': FANSwin}
+    target = forms[FANBase._resolve_form(arch, form)['form']]
+    warnings.warn(f"type='FAN' is deprecated: write type='{target.__name__}' (the {target.form} form's class) in "
+                  f"the backbone config; its arguments are the same", DeprecationWarning, stacklevel=2)
     accepted = inspect.signature(target.__init__).parameters
     for name in [n for n in kwargs if n not in accepted]:
-        owners = {f: c for f, c in _FORM_CLASSES.items() if name in inspect.signature(c.__init__).parameters}
+        owners = {f: c for f, c in forms.items() if name in inspect.signature(c.__init__).parameters}
         defaults = {inspect.signature(c.__init__).parameters[name].default for c in owners.values()}
         if owners and defaults == {kwargs[name]}:
             del kwargs[name]

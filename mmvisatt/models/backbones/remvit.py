@@ -39,12 +39,11 @@ class ReMViTStage(nn.Module):
         return x, residual
 
 
-def _per_stage(value: Union[int, Sequence[int]], num_stages: int, name: str) -> Tuple[int, ...]:
-    """An int is the first stage's value, doubled at every stage (MViTv2's rule); a sequence gives each stage's."""
+def _per_stage(value: Union[int, Sequence[int]], num_stages: int) -> Tuple[int, ...]:
+    """An int is the first stage's value, doubled at every stage (MViTv2's rule); a sequence gives each stage's
+    (its length checked with the preset)."""
     if isinstance(value, int):
         return tuple(value * 2 ** i for i in range(num_stages))
-    if len(value) != num_stages:
-        raise ValueError(f'arch {name} needs an int or one entry per stage ({num_stages}), got {value}')
     return tuple(value)
 
 
@@ -95,8 +94,10 @@ class ReMViTv2(AttentionBackbone):
         'b': dict(embed_dims=96, depths=(2, 3, 16, 3), num_heads=1),
     }
     _arch_keys = ('embed_dims', 'depths', 'num_heads')
+    _per_stage_keys = ('embed_dims', 'num_heads')
     _arch_prefix = 'remvit'
     not_in_pretrained = ('alpha', 'norm0.*', 'norm1.*', 'norm2.*')
+    _stage_carries = True
 
     def __init__(self, arch: Union[str, dict] = 't', *, in_channels: int = 3, img_size: int = 224,
                  patch_cfg: Optional[dict] = None, mlp_ratio: float = 4., qkv_bias: bool = True,
@@ -112,8 +113,8 @@ class ReMViTv2(AttentionBackbone):
         self.score_memory = check_score_memory(score_memory, ('full', 'handoff'), type(self).__name__)
         depths = tuple(arch['depths'])
         num_stages = len(depths)
-        dims = _per_stage(arch['embed_dims'], num_stages, 'embed_dims')
-        heads = _per_stage(arch['num_heads'], num_stages, 'num_heads')
+        dims = _per_stage(arch['embed_dims'], num_stages)
+        heads = _per_stage(arch['num_heads'], num_stages)
         if any(d % h for d, h in zip(dims, heads)):
             raise ValueError(f'arch embed_dims {dims} must be divisible by num_heads {heads} in every stage')
         patch = {**dict(kernel_size=7, stride=4, padding=3), **(patch_cfg or {})}
@@ -150,8 +151,7 @@ class ReMViTv2(AttentionBackbone):
                                        fused=self.fused_attn, next_block=next_block, **block))
             in_dim = block['dim_out']
         self.stages = nn.ModuleList(ReMViTStage(b, with_cp) for b in blocks)
-        for i in self.out_indices:
-            self.add_module(f'norm{i}', nn.LayerNorm(dims[i], eps=1e-6))
+        self._add_output_norms(eps=1e-6)
         self._freeze_stages()
 
     def _default_init(self):
@@ -160,7 +160,7 @@ class ReMViTv2(AttentionBackbone):
     def forward(self, x: Tensor) -> Tuple[Tensor, ...]:
         """(B, C_in, H, W) -> tuple of (B, num_features[i], ceil(H / 2**(i+2)), ceil(W / 2**(i+2)))."""
         self._check_input(x)
-        return self._carry_through_stages(self.patch_embed(x))
+        return self._forward_stages(self.patch_embed(x))
 
     def _layer_order(self) -> LayerOrder:
         yield 'patch_embed', False

@@ -6,7 +6,8 @@ Windows shift and stages merge patches, so the previous scores are first brought
 (:mod:`mmvisatt.models.layers.residual_attention`). Blocks, stage, backbone, then the checkpoint converter.
 """
 import re
-from typing import Dict, Optional, Sequence, Tuple, Union
+from functools import partial
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch.nn as nn
 from mmengine.registry import MODELS
@@ -16,11 +17,12 @@ from torch import Tensor
 from mmvisatt.checkpoint import CheckpointMismatchError, register_converter
 from mmvisatt.checkpoint.loading import abbreviate
 from ..layers.attention import resolve_fused_attn
-from ..layers.checkpoint import checkpoint
-from ..layers.patch import PatchEmbed, PatchMerging
+from ..layers.helpers import check_choice
+from ..layers.patch import PatchEmbed
 from ..layers.residual_attention import ALIGNERS, WindowScores, make_alpha, residual_attention
+from ..layers.swin_stage import SwinStage
 from ..layers.window import WindowAttention, WindowGrid, merge_windows, partition_windows, window_attention_mask
-from .base import AttentionBackbone, LayerOrder, drop_path_rates, init_transformer_weights, stage_layer_order
+from .base import AttentionBackbone, LayerOrder, init_transformer_weights, stage_layer_order
 
 
 class WindowResidualAttention(WindowAttention):
@@ -80,27 +82,6 @@ class ReSwinBlock(nn.Module):
         return x, WindowScores(scores, grid)
 
 
-class ReSwinStage(nn.Module):
-    """Optional patch merging followed by ``depth`` blocks alternating W-MSA and SW-MSA."""
-
-    def __init__(self, in_dim: int, dim: int, depth: int, num_heads: int, *, downsample: bool,
-                 drop_path: Sequence[float], with_cp: bool = False, **block_kwargs):
-        super().__init__()
-        self.with_cp = with_cp
-        self.downsample = PatchMerging(in_dim, dim) if downsample else nn.Identity()
-        self.blocks = nn.ModuleList([
-            ReSwinBlock(dim, num_heads, shifted=i % 2 == 1, drop_path=drop_path[i], **block_kwargs)
-            for i in range(depth)
-        ])
-
-    def forward(self, x: Tensor, residual: Optional[WindowScores],
-                alpha: Union[Tensor, float]) -> Tuple[Tensor, Optional[WindowScores]]:
-        x = self.downsample(x)
-        for block in self.blocks:
-            x, residual = checkpoint(block, x, residual, alpha, enabled=self.with_cp)
-        return x, residual
-
-
 def _init_bias_table(m: nn.Module) -> None:
     if isinstance(m, WindowResidualAttention):
         trunc_normal_(m.relative_position_bias_table, std=.02)
@@ -134,9 +115,11 @@ class ReSwinTransformer(AttentionBackbone):
         'b': dict(embed_dims=128, depths=(2, 2, 18, 2), num_heads=(4, 8, 16, 32)),
     }
     _arch_keys = ('embed_dims', 'depths', 'num_heads')
+    _per_stage_keys = ('num_heads', )
     _arch_prefix = 'reswin'
     # Keys that foreign (official, timm, classification) checkpoints cannot have.
     not_in_pretrained = ('alpha', 'norm0.*', 'norm1.*', 'norm2.*')
+    _stage_carries = True
     static_export_reason = ('the window padding, shift mask and residual-score index maps are built from the map '
                             'size in Python, so torch.export fixes the size')
 
@@ -150,13 +133,11 @@ class ReSwinTransformer(AttentionBackbone):
         arch = self._resolve_arch(arch)
         if residual_mode is None:
             residual_mode = arch.get('residual_mode', 'aligned')
-        if residual_mode not in ALIGNERS:
-            raise ValueError(f"residual_mode must be one of {sorted(ALIGNERS)}, got '{residual_mode}'")
-        depths, heads = arch['depths'], arch['num_heads']
+        self.residual_mode = check_choice('residual_mode', residual_mode, sorted(ALIGNERS))
+        depths = arch['depths']
         num_stages = len(depths)
         self._set_interface(in_channels, out_indices, num_stages, frozen_stages, norm_eval)
         self.patch_size = patch_size
-        self.residual_mode = residual_mode
         self.fused_attn = resolve_fused_attn(fused_attn)
         self.num_features = [arch['embed_dims'] * 2 ** i for i in range(num_stages)]
 
@@ -164,25 +145,18 @@ class ReSwinTransformer(AttentionBackbone):
         self.pos_drop = nn.Dropout(drop_rate)
         # the official code mixes with a constant: there is no parameter to learn or load
         self.alpha = make_alpha(0.5 if residual_mode == 'official' else alpha_init, residual_mode != 'official')
-        rates = drop_path_rates(drop_path_rate, sum(depths))
-        self.stages = nn.ModuleList()
-        for i in range(num_stages):
-            start = sum(depths[:i])
-            self.stages.append(
-                ReSwinStage(self.num_features[max(i - 1, 0)], self.num_features[i], depths[i], heads[i],
-                            downsample=i > 0, drop_path=rates[start:start + depths[i]], with_cp=with_cp,
-                            window_size=window_size, mlp_ratio=mlp_ratio, qkv_bias=qkv_bias, drop=drop_rate,
-                            attn_drop=attn_drop_rate, residual_mode=residual_mode, fused=self.fused_attn))
-        for i in self.out_indices:
-            self.add_module(f'norm{i}', nn.LayerNorm(self.num_features[i]))
+        self._build_stages(depths, drop_path_rate, heads=arch['num_heads'], with_cp=with_cp,
+                           block=dict(window_size=window_size, mlp_ratio=mlp_ratio, qkv_bias=qkv_bias,
+                                      drop=drop_rate, attn_drop=attn_drop_rate, residual_mode=residual_mode,
+                                      fused=self.fused_attn))
+        self._add_output_norms()
         self._freeze_stages()
 
-    @classmethod
-    def _resolve_arch(cls, arch: Union[str, dict]) -> dict:
-        arch = super()._resolve_arch(arch)
-        if len(arch['depths']) != len(arch['num_heads']):
-            raise ValueError('arch depths and num_heads must have one entry per stage')
-        return arch
+    def _make_stage(self, i: int, drop_path: List[float], *, heads: Sequence[int], with_cp: bool,
+                    block: dict) -> nn.Module:
+        dims = self.num_features
+        return SwinStage(dims[max(i - 1, 0)], dims[i], len(drop_path), downsample=i > 0, drop_path=drop_path,
+                         make_block=partial(ReSwinBlock, dims[i], heads[i], **block), with_cp=with_cp)
 
     def _default_init(self):
         init_transformer_weights(self, _init_bias_table)
@@ -190,7 +164,7 @@ class ReSwinTransformer(AttentionBackbone):
     def forward(self, x: Tensor) -> Tuple[Tensor, ...]:
         """(B, C, H, W) -> tuple of (B, C_i, ceil(H / 2**(i+2)), ceil(W / 2**(i+2))) for ``out_indices``."""
         self._check_input(x)
-        return self._carry_through_stages(self.pos_drop(self.patch_embed(x)))
+        return self._forward_stages(self.pos_drop(self.patch_embed(x)))
 
     def _layer_order(self) -> LayerOrder:
         # patch merging opens a stage but belongs to the layer of the block before it (mmpretrain's Swin rule)

@@ -101,8 +101,7 @@ class ReViT(AttentionBackbone):
         ])
         self.pyramid = SimpleFeaturePyramid(dim, self.out_indices)
         self.num_features = self.pyramid.out_channels
-        for i in self.out_indices:
-            self.add_module(f'norm{i}', nn.LayerNorm(self.num_features[i], eps=1e-6))
+        self._add_output_norms(eps=1e-6)
         self._freeze_stages()
 
     def _default_init(self):
@@ -132,8 +131,7 @@ class ReViT(AttentionBackbone):
             num, den = PYRAMID_SCALES[i].as_integer_ratio()
             step = self.patch_size * den
             rows, cols = (H * num + step - 1) // step, (W * num + step - 1) // step
-            level = levels[i][..., :rows, :cols]
-            outs.append(getattr(self, f'norm{i}')(level.permute(0, 2, 3, 1)).permute(0, 3, 1, 2).contiguous())
+            outs.append(self._output(i, levels[i][..., :rows, :cols].permute(0, 2, 3, 1)))
         return tuple(outs)
 
     def _layer_order(self) -> LayerOrder:

@@ -9,7 +9,7 @@ output (LCE), a 4-conv stem, per-preset decomposition (RMT-T decomposes only sta
 stages 3-4 of RMT-B/L. Dense outputs get a LayerNorm each, as the official detection code's ``extra_norms``.
 """
 import re
-from typing import Dict, Optional, Sequence, Tuple, Union
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
@@ -20,9 +20,8 @@ from torch import Tensor
 from mmvisatt.checkpoint import register_converter
 from ..layers.attention import attention, resolve_fused_attn
 from ..layers.checkpoint import checkpoint_seq
-from ..layers.retentive import ConvDownsample, ConvStem, RetentiveBlock
-from ..layers.spatial_decay import SpatialDecay
-from .base import DecayBackbone, drop_path_rates
+from ..layers.spatial_decay import ConvDownsample, ConvStem, RetentiveBlock, SpatialDecay
+from .base import DecayBackbone
 
 
 class RasterRotary(nn.Module):
@@ -172,6 +171,8 @@ class RMT(DecayBackbone):
                   drop_path_rate=0.5),
     }
     _arch_keys = ('embed_dims', 'depths', 'num_heads')
+    _per_stage_keys = ('embed_dims', 'num_heads', 'mlp_ratios', 'init_values', 'heads_ranges', 'decomposed',
+                       'layer_scales')
     _arch_prefix = 'rmt'
     not_in_pretrained = ('norm0.*', 'norm1.*', 'norm2.*', 'norm3.*')
 
@@ -182,26 +183,23 @@ class RMT(DecayBackbone):
         super().__init__(init_cfg=init_cfg)
         arch = self._resolve_arch(arch)
         self._release_keys = tuple(arch.get('release_keys', self._release_keys))
-        keys = ('mlp_ratios', 'init_values', 'heads_ranges', 'decomposed', 'layer_scales')
-        dims, depths, heads, per_stage = self._stage_settings(arch, keys, 'RMT')
-        n = len(depths)
+        dims, depths = list(arch['embed_dims']), list(arch['depths'])
         self._setup(in_channels, dims, out_indices, frozen_stages, norm_eval, out_norms)
-        rate = arch['drop_path_rate'] if drop_path_rate is None else drop_path_rate
-        rates = drop_path_rates(rate, sum(depths))
         self.fused_attn = resolve_fused_attn(fused_attn)
         self.patch_embed = ConvStem(in_channels, dims[0], norm_cfg)
-        self.stages = nn.ModuleList()
-        for i in range(n):
-            start = sum(depths[:i])
-            self.stages.append(RMTStage(
-                dims[i], dims[i + 1] if i < n - 1 else None, depths[i], heads[i],
-                mlp_ratio=per_stage['mlp_ratios'][i], init_value=per_stage['init_values'][i],
-                heads_range=per_stage['heads_ranges'][i], decomposed=per_stage['decomposed'][i],
-                drop_path=rates[start:start + depths[i]],
-                layer_scale=layer_init_values if per_stage['layer_scales'][i] else None, with_cp=with_cp,
-                fused=self.fused_attn, norm_cfg=norm_cfg))
+        self._build_stages(depths, arch['drop_path_rate'] if drop_path_rate is None else drop_path_rate, arch=arch,
+                           layer_init_values=layer_init_values, with_cp=with_cp, norm_cfg=norm_cfg)
         self._add_output_norms()
         self._freeze_stages()
+
+    def _make_stage(self, i: int, drop_path: List[float], *, arch: dict, layer_init_values: float, with_cp: bool,
+                    norm_cfg: Optional[dict]) -> nn.Module:
+        dims = arch['embed_dims']
+        return RMTStage(dims[i], dims[i + 1] if i < len(dims) - 1 else None, arch['depths'][i], arch['num_heads'][i],
+                        mlp_ratio=arch['mlp_ratios'][i], init_value=arch['init_values'][i],
+                        heads_range=arch['heads_ranges'][i], decomposed=arch['decomposed'][i], drop_path=drop_path,
+                        layer_scale=layer_init_values if arch['layer_scales'][i] else None, with_cp=with_cp,
+                        fused=self.fused_attn, norm_cfg=norm_cfg)
 
     @classmethod
     def _stage_defaults(cls, num_stages: int) -> dict:

@@ -3,7 +3,8 @@
 A four-stage pyramid (strides 4/8/16/32). A convolutional stem replaces the first patch embedding; later stages
 start with an overlapping 3x3 stride-2 patch embedding. In every stage with ``sr_ratio`` r > 1, half of the heads
 attend to keys/values aggregated at rate r and the other half at rate r / 2
-(:class:`~mmvisatt.models.layers.ShuntedAttention`); stages with r = 1 use plain attention. The feed-forward
+(:class:`ShuntedAttention`: head group ``g`` attends to keys and values
+aggregated by a strided convolution of rate ``rates[g]``); stages with r = 1 use plain attention. The feed-forward
 network adds a depthwise 3x3 conv to its hidden activations before the GELU ("detail-specific FFN"). Every stage
 ends with a LayerNorm whose output is both the stage's dense feature and the next stage's input.
 
@@ -21,6 +22,7 @@ Both are identical when the stage-1 map is divisible by the largest rate, e.g. f
 import re
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
+import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from mmcv.cnn import ConvModule
@@ -30,13 +32,14 @@ from timm.layers import DropPath
 from torch import Tensor
 
 from mmvisatt.checkpoint import register_converter
-from ..layers.attention import resolve_fused_attn
+from ..layers.attention import attention, resolve_fused_attn
 from ..layers.checkpoint import checkpoint, checkpoint_seq
+from ..layers.helpers import check_choice
 from ..layers.patch import map_to_tokens, tokens_to_map
-from ..layers.shunted_attention import ODD_SIZES, ShuntedAttention, check_choice
-from .base import AttentionBackbone, LayerOrder, drop_path_rates, stage_layer_order
+from .base import AttentionBackbone, LayerOrder, stage_layer_order
 
 Size = Tuple[int, int]
+ODD_SIZES = ('pad', 'floor')
 
 
 def shunted_rates(sr_ratio: int) -> Tuple[int, ...]:
@@ -46,6 +49,107 @@ def shunted_rates(sr_ratio: int) -> Tuple[int, ...]:
     if sr_ratio < 1 or sr_ratio % 2:
         raise ValueError(f'sr_ratio must be 1 or even (coarse rate r, fine rate r / 2), got {sr_ratio}')
     return sr_ratio, sr_ratio // 2
+
+
+def local_enhance(v: Tensor, conv: nn.Conv2d, size: Tuple[int, int]) -> Tensor:
+    """Depthwise conv over values laid out as an image with channel = head * head_dim + d.
+
+    v: (B, h, M, d) with M = size[0] * size[1] row-major -> (B, h, M, d).
+    """
+    B, h, M, d = v.shape
+    image = v.transpose(-1, -2).reshape(B, h * d, *size)
+    return conv(image).reshape(B, h, d, M).transpose(-1, -2)
+
+
+class HeadGroupKV(nn.Module):
+    """Keys and values of one head group from the map aggregated at ``rate``.
+
+    Strided conv (kernel = stride = rate) -> LayerNorm -> GELU -> linear to K | V (each head-major), and the
+    locally enhanced values V + DWConv(V). A rate of 1 is still a learned 1x1 conv, as in the official stage 3.
+    """
+
+    def __init__(self, dim: int, num_heads: int, head_dim: int, rate: int, qkv_bias: bool = False,
+                 odd_size: str = 'pad'):
+        super().__init__()
+        self.num_heads = num_heads
+        self.head_dim = head_dim
+        self.rate = rate
+        self.odd_size = check_choice('odd_size', odd_size, ODD_SIZES)
+        group_dim = num_heads * head_dim
+        self.sr = nn.Conv2d(dim, dim, kernel_size=rate, stride=rate)
+        # the official code hard-codes the default eps here, unlike the block norms
+        self.norm = nn.LayerNorm(dim)
+        self.act = nn.GELU()
+        self.kv = nn.Linear(dim, 2 * group_dim, bias=qkv_bias)
+        self.local_conv = nn.Conv2d(group_dim, group_dim, 3, padding=1, groups=group_dim)
+
+    def forward(self, x: Tensor) -> Tuple[Tensor, Tensor]:
+        """x: (B, C, H, W) -> k, v: (B, heads, M, head_dim), M = aggregated H * W (ceil or floor by odd_size)."""
+        if self.odd_size == 'pad':
+            x = F.pad(x, (0, -x.shape[-1] % self.rate, 0, -x.shape[-2] % self.rate))
+        x = self.sr(x)
+        B, _, h, w = x.shape
+        tokens = self.act(self.norm(x.flatten(2).transpose(1, 2)))
+        k, v = self.kv(tokens).reshape(B, h * w, 2, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        return k, v + local_enhance(v, self.local_conv, (h, w))
+
+
+class ShuntedAttention(nn.Module):
+    """Multi-head attention whose heads are shunted into groups over keys/values aggregated at ``rates``.
+
+    Query heads are assigned to groups in order (the first ``num_heads / len(rates)`` heads to ``rates[0]``),
+    and the group outputs are concatenated in that order before ``proj``. With ``rates=()`` it is plain
+    multi-head attention with the values' local enhancement added after the product.
+
+    Args:
+        dim: token width C. num_heads: total heads (divisible by the number of rates).
+        rates: aggregation rate of each head group, e.g. (8, 4); () for plain attention.
+        qkv_bias: biases of ``q`` and the key/value projections. qk_scale: overrides head_dim ** -0.5.
+        odd_size: ``'pad'`` or ``'floor'``, see the module docstring.
+        fused: ``scaled_dot_product_attention`` or the explicit softmax reference.
+    """
+
+    def __init__(self, dim: int, num_heads: int, rates: Sequence[int] = (), *, qkv_bias: bool = False,
+                 qk_scale: Optional[float] = None, attn_drop: float = 0., proj_drop: float = 0., odd_size: str = 'pad',
+                 fused: bool = True):
+        super().__init__()
+        if dim % num_heads:
+            raise ValueError(f'dim {dim} must be divisible by num_heads {num_heads}')
+        if rates and num_heads % len(rates):
+            raise ValueError(f'num_heads {num_heads} must split evenly into {len(rates)} head groups')
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.scale = qk_scale or self.head_dim ** -0.5
+        self.fused = fused
+        self.q = nn.Linear(dim, dim, bias=qkv_bias)
+        heads_per_group = num_heads // max(len(rates), 1)
+        self.groups = nn.ModuleList(
+            HeadGroupKV(dim, heads_per_group, self.head_dim, r, qkv_bias, odd_size) for r in rates)
+        if not rates:
+            self.kv = nn.Linear(dim, 2 * dim, bias=qkv_bias)
+            self.local_conv = nn.Conv2d(dim, dim, 3, padding=1, groups=dim)
+        self.attn_drop = nn.Dropout(attn_drop)
+        self.proj = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(proj_drop)
+
+    def forward(self, x: Tensor, size: Tuple[int, int]) -> Tensor:
+        """x: (B, N, C) tokens of an H x W map (row-major), size = (H, W) -> (B, N, C)."""
+        B, N, C = x.shape
+        q = self.q(x).reshape(B, N, self.num_heads, self.head_dim).transpose(1, 2)
+        if len(self.groups):
+            image = tokens_to_map(x, size)
+            out = torch.cat([
+                attention(q_g, *group(image), scale=self.scale, dropout=self._dropout(), fused=self.fused)
+                for q_g, group in zip(q.chunk(len(self.groups), dim=1), self.groups)
+            ], dim=1)
+        else:
+            k, v = self.kv(x).reshape(B, N, 2, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+            out = attention(q, k, v, scale=self.scale, dropout=self._dropout(), fused=self.fused)
+            out = out + local_enhance(v, self.local_conv, size)
+        return self.proj_drop(self.proj(out.transpose(1, 2).reshape(B, N, C)))
+
+    def _dropout(self) -> float:
+        return self.attn_drop.p if self.training else 0.
 
 
 class DetailSpecificFFN(nn.Module):
@@ -177,6 +281,7 @@ class ShuntedTransformer(AttentionBackbone):
                   mlp_ratios=(8, 8, 4, 4), sr_ratios=(8, 4, 2, 1), num_conv=2),
     }
     _arch_keys = ('embed_dims', 'depths', 'num_heads', 'mlp_ratios', 'sr_ratios')
+    _per_stage_keys = ('embed_dims', 'num_heads', 'mlp_ratios', 'sr_ratios')
     _arch_prefix = 'shunted'
     # The official classifier has every tensor of this backbone (its stage norms are on the main path).
     not_in_pretrained: Tuple[str, ...] = ()
@@ -189,7 +294,7 @@ class ShuntedTransformer(AttentionBackbone):
                  init_cfg: Optional[dict] = None):
         super().__init__(init_cfg=init_cfg)
         arch = self._resolve_arch(arch)
-        dims, depths, heads = arch['embed_dims'], arch['depths'], arch['num_heads']
+        dims, depths = arch['embed_dims'], arch['depths']
         num_stages = len(depths)
         self._set_interface(in_channels, out_indices, num_stages, frozen_stages, norm_eval)
         self.odd_size = check_choice('odd_size', odd_size, ODD_SIZES)
@@ -197,29 +302,25 @@ class ShuntedTransformer(AttentionBackbone):
         self.num_features = list(dims)
         self.fused_attn = resolve_fused_attn(fused_attn)
 
-        rates = iter(drop_path_rates(drop_path_rate, sum(depths)))
-        self.stages = nn.ModuleList()
-        for i in range(num_stages):
-            if i == 0:
-                patch_embed = ShuntedStem(in_channels, dims[0], arch.get('num_conv', 0), odd_size, norm_cfg)
-            else:
-                patch_embed = OverlapPatchEmbed(dims[i - 1], dims[i])
-            blocks = [
-                ShuntedBlock(dims[i], heads[i], self.sr_ratios[i], mlp_ratio=arch['mlp_ratios'][i],
-                             qkv_bias=qkv_bias, qk_scale=qk_scale, drop=drop_rate, attn_drop=attn_drop_rate,
-                             drop_path=next(rates), norm_eps=norm_eps, odd_size=odd_size,
-                             fused_attn=self.fused_attn)
-                for _ in range(depths[i])
-            ]
-            self.stages.append(ShuntedStage(patch_embed, blocks, dims[i], norm_eps, with_cp))
+        self._build_stages(depths, drop_path_rate, arch=arch, norm_cfg=norm_cfg, with_cp=with_cp,
+                           block=dict(qkv_bias=qkv_bias, qk_scale=qk_scale, drop=drop_rate, attn_drop=attn_drop_rate,
+                                      norm_eps=norm_eps, odd_size=odd_size, fused_attn=self.fused_attn))
         self._freeze_stages()
+
+    def _make_stage(self, i: int, drop_path: List[float], *, arch: dict, norm_cfg: Optional[dict], with_cp: bool,
+                    block: dict) -> nn.Module:
+        dims = arch['embed_dims']
+        if i == 0:
+            patch_embed = ShuntedStem(self.in_channels, dims[0], arch.get('num_conv', 0), self.odd_size, norm_cfg)
+        else:
+            patch_embed = OverlapPatchEmbed(dims[i - 1], dims[i])
+        blocks = [ShuntedBlock(dims[i], arch['num_heads'][i], self.sr_ratios[i], mlp_ratio=arch['mlp_ratios'][i],
+                               drop_path=rate, **block) for rate in drop_path]
+        return ShuntedStage(patch_embed, blocks, dims[i], block['norm_eps'], with_cp)
 
     @classmethod
     def _resolve_arch(cls, arch: Union[str, dict]) -> dict:
         arch = super()._resolve_arch(arch)
-        lengths = {k: len(arch[k]) for k in cls._arch_keys}
-        if len(set(lengths.values())) != 1:
-            raise ValueError(f'arch entries need one value per stage, got lengths {lengths}')
         for i, (dim, heads, sr) in enumerate(zip(arch['embed_dims'], arch['num_heads'], arch['sr_ratios'])):
             groups = len(shunted_rates(sr)) or 1
             if dim % heads or heads % groups:
@@ -269,12 +370,11 @@ class ShuntedTransformer(AttentionBackbone):
     def forward(self, x: Tensor) -> Tuple[Tensor, ...]:
         """(B, C_in, H, W) -> tuple of (B, num_features[i], h_i, w_i) for ``out_indices``; see ``stage_sizes``."""
         self._check_input(x)
-        outs = []
-        for i, stage in enumerate(self.stages):
-            x = stage(x)
-            if i in self.out_indices:
-                outs.append(x)
-        return tuple(outs)
+        return self._forward_stages(x)
+
+    def _output(self, i: int, x: Tensor) -> Tensor:
+        # a stage ends with its norm, whose NCHW output is both the dense feature and the next stage's input
+        return x
 
     def _layer_order(self) -> LayerOrder:
         # the stem is stage 0's patch embedding; a stage norm feeds the next stage, so it is not a head

@@ -6,8 +6,10 @@ from typing import Dict, List, Optional
 import torch.nn as nn
 from torch import Tensor
 
-from mmvisatt.models.backbones.fan import (FAN, ConvNeXtStage, FANBlock, FANSwinBlock, official_swin_to_mmvisatt_key,
-                                           official_to_mmvisatt_key)
+from mmvisatt.models.backbones.fan import FANBase, FANBlock, official_swin_to_mmvisatt_key, official_to_mmvisatt_key
+from mmvisatt.models.backbones.fan_hybrid import ConvNeXtStage, FANHybrid
+from mmvisatt.models.backbones.fan_swin import FANSwin, FANSwinBlock
+from mmvisatt.models.backbones.fan_vit import FANViT
 
 from . import StageTap, load_converted, register_parity_builder
 
@@ -15,11 +17,11 @@ from . import StageTap, load_converted, register_parity_builder
 class FANTap(StageTap):
     """Runs a FAN backbone and returns the maps at the official stage points plus the classifier's logits.
 
-    Classifiers run :meth:`FAN.forward_classifier` and read their stage points by forward hooks (token outputs
+    Classifiers run :meth:`forward_classifier` and read their stage points by forward hooks (token outputs
     are laid back on their grid, row-major); a dense backbone (``head=None``) returns its own outputs.
     """
 
-    def __init__(self, backbone: FAN, taps: List[str], head: Optional[nn.Module]):
+    def __init__(self, backbone: FANBase, taps: List[str], head: Optional[nn.Module]):
         super().__init__(backbone, taps, lambda x: x, head)
 
     def _read(self, module: nn.Module, args: tuple, output: Tensor) -> Tensor:
@@ -83,13 +85,14 @@ def _fan_from_official(meta: dict, state_dict: dict, fused_attn: bool = False) -
         if arch['form'] != 'hybrid' or meta['official_file'].startswith('segmentation/'):
             raise ValueError('mmvisatt reproduces the official detection layout of FAN-Hybrid only')
         arch.update(out_block=kw.get('out_index', -1), down_channels=768)  # 768 is hard-coded officially
-    backbone = FAN(arch=arch, in_channels=kw.get('in_chans', 3), mlp_ratio=kw.get('mlp_ratio', 4.),
-                   qkv_bias=kw.get('qkv_bias', True), drop_rate=kw.get('drop_rate', 0.),
-                   attn_drop_rate=kw.get('attn_drop_rate', 0.), drop_path_rate=kw.get('drop_path_rate', 0.),
-                   eta=kw.get('eta', 1.), cls_attn_layers=kw.get('cls_attn_layers', 2),
-                   cls_tokens_norm=kw.get('tokens_norm', False), classifier=not dense,
-                   out_indices=(0, 1, 2, 3) if dense else (2, ), out_norms=False,
-                   pos_exponent='linear' if dense else 'paired', fused_attn=fused_attn)
+    form_class = FANHybrid if arch['form'] == 'hybrid' else FANViT
+    backbone = form_class(arch=arch, in_channels=kw.get('in_chans', 3), mlp_ratio=kw.get('mlp_ratio', 4.),
+                          qkv_bias=kw.get('qkv_bias', True), drop_rate=kw.get('drop_rate', 0.),
+                          attn_drop_rate=kw.get('attn_drop_rate', 0.), drop_path_rate=kw.get('drop_path_rate', 0.),
+                          eta=kw.get('eta', 1.), cls_attn_layers=kw.get('cls_attn_layers', 2),
+                          cls_tokens_norm=kw.get('tokens_norm', False), classifier=not dense,
+                          out_indices=(0, 1, 2, 3) if dense else (2, ), out_norms=False,
+                          pos_exponent='linear' if dense else 'paired', fused_attn=fused_attn)
     head = nn.Linear(kw['embed_dim'], kw['num_classes']) if 'logits_shape' in meta else None
     load_converted(backbone, head, state_dict, 'fan', allow_missing=backbone.not_in_pretrained)
     taps = [] if dense else [_point_to_module(p, swin=False) for p in meta['stage_points']]
@@ -105,11 +108,11 @@ def _fan_swin_from_official(meta: dict, state_dict: dict, fused_attn: bool = Fal
                          'mlp_type per stage')
     arch = dict(form='swin', embed_dims=kw['embed_dim'], depths=list(kw['depths']), num_heads=list(kw['num_heads']),
                 channel_attn=[t != 'Mlp' for t in mlp_type])
-    backbone = FAN(arch=arch, in_channels=kw.get('in_chans', 3), patch_size=kw.get('patch_size', 4),
-                   window_size=kw.get('window_size', 7), mlp_ratio=kw.get('mlp_ratio', 4.),
-                   qkv_bias=kw.get('qkv_bias', True), drop_rate=kw.get('drop_rate', 0.),
-                   attn_drop_rate=kw.get('attn_drop_rate', 0.), drop_path_rate=kw.get('drop_path_rate', 0.1),
-                   out_indices=(0, 1, 2, 3), fused_attn=fused_attn)
+    backbone = FANSwin(arch=arch, in_channels=kw.get('in_chans', 3), patch_size=kw.get('patch_size', 4),
+                       window_size=kw.get('window_size', 7), mlp_ratio=kw.get('mlp_ratio', 4.),
+                       qkv_bias=kw.get('qkv_bias', True), drop_rate=kw.get('drop_rate', 0.),
+                       attn_drop_rate=kw.get('attn_drop_rate', 0.), drop_path_rate=kw.get('drop_path_rate', 0.1),
+                       out_indices=(0, 1, 2, 3), fused_attn=fused_attn)
     head = nn.Linear(backbone.num_features[-1], kw['num_classes']) if 'logits_shape' in meta else None
     load_converted(backbone, head, state_dict, 'fan', allow_missing=backbone.not_in_pretrained)
     taps = [_point_to_module(p, swin=True) for p in meta['stage_points']]
