@@ -168,7 +168,7 @@ def test_frozen_stages_and_norm_eval():
     model = ReViT(arch=TINY, frozen_stages=0)
     assert model.alpha.requires_grad and not model.pos_embed.requires_grad
     assert [n for n, p in ReViT(arch=TINY).named_parameters() if p.numel() == 1] == ['alpha']
-    assert isinstance(ReViT(arch=TINY, learnable_alpha=False, alpha_init=0.3).alpha, float)
+    assert ReViT(arch=TINY, learnable_alpha=False).alpha == 0.5
 
 
 # ------------------------------------------------------------------------------------------------ checkpoints

@@ -118,7 +118,8 @@ def test_the_own_project_page_is_generated_and_its_blocks_build_what_they_say():
         text = f.read()
     assert text == own_project_page(CONFIGS), 'run tools/misc/generate_configs.py'
     blocks = re.findall(r'```python\n(custom_imports.*?)```', text, re.S)
-    assert len(blocks) == 7  # ReViT, ReSwinTransformer, ReMViTv2, FAN, RMT, EVT, ShuntedTransformer
+    # ReViT, ReSwinTransformer, ReMViTv2, FANViT, FANHybrid, FANSwin, RMT, EVT, ShuntedTransformer
+    assert len(blocks) == 9
     for block in blocks:
         cfg = Config.fromstring(block, '.py')
         assert cfg.custom_imports.imports == ['mmvisatt.models', 'mmvisatt.engine', 'mmvisatt.datasets.transforms']

@@ -17,6 +17,7 @@ from torch import Tensor
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from mmvisatt.checkpoint import load_pretrained, read_checkpoint
+from ..layers.attention import resolve_fused_attn
 
 # (module name, whether it is a block): see AttentionBackbone._layer_order
 LayerOrder = Iterator[Tuple[str, bool]]
@@ -287,16 +288,34 @@ class AttentionBackbone(BaseModule):
 
 class DecayBackbone(AttentionBackbone):
     """What RMT and EVT share: building from a preset, stage loop with output norms, freezing, init, loading."""
+    _arch_keys = ('embed_dims', 'depths', 'num_heads')
+    _per_stage_keys = ('embed_dims', 'num_heads', 'mlp_ratios', 'init_values', 'heads_ranges', 'layer_scales')
+    # the output norms are the dense tasks' (the official extra_norms); release files have none
+    not_in_pretrained = tuple(f'norm{i}.*' for i in range(4))
     # Entries of release files chosen over plain 'model' weights when present (the EMA the papers report).
     _release_keys = ('model_ema', )
 
-    def _setup(self, in_channels: int, dims: Sequence[int], out_indices: Optional[Sequence[int]],
-               frozen_stages: int, norm_eval: bool, out_norms: bool) -> None:
+    def _build(self, arch: dict, *, in_channels: int, drop_path_rate: Optional[float], layer_init_values: float,
+               fused_attn: Optional[bool], out_norms: bool, out_indices: Optional[Sequence[int]], frozen_stages: int,
+               norm_eval: bool, with_cp: bool, norm_cfg: Optional[dict]) -> None:
+        """Everything from a resolved preset: the interface, the stem (``_make_stem``), the stages
+        (``_make_stage``, drop path from the preset unless ``drop_path_rate`` is given) and the output norms."""
+        dims = list(arch['embed_dims'])
         self.out_norms = out_norms
         # None = every stage: (0, 1, 2, 3) for the presets, fewer for a shallower arch dict
         out_indices = range(len(dims)) if out_indices is None else out_indices
         self._set_interface(in_channels, out_indices, len(dims), frozen_stages, norm_eval)
-        self.num_features = list(dims)
+        self.num_features = dims
+        self.fused_attn = resolve_fused_attn(fused_attn)
+        self.patch_embed = self._make_stem(in_channels, dims[0], norm_cfg)
+        self._build_stages(arch['depths'], arch['drop_path_rate'] if drop_path_rate is None else drop_path_rate,
+                           arch=arch, layer_init_values=layer_init_values, with_cp=with_cp, norm_cfg=norm_cfg)
+        self._add_output_norms()
+        self._freeze_stages()
+
+    def _make_stem(self, in_channels: int, dim: int, norm_cfg: Optional[dict]) -> nn.Module:
+        """The stride-4 stem, channels-last out."""
+        raise NotImplementedError
 
     @classmethod
     def _stage_defaults(cls, num_stages: int) -> dict:

@@ -23,7 +23,7 @@ from timm.layers import DropPath, Mlp
 from torch import Tensor
 
 from mmvisatt.checkpoint import register_converter
-from ..layers.attention import attention, resolve_fused_attn
+from ..layers.attention import attention
 from ..layers.checkpoint import checkpoint
 from ..layers.helpers import check_choice
 from ..layers.patch import PatchEmbed, PatchMerging
@@ -137,6 +137,12 @@ class EVTStage(nn.Module):
         return x, (x if self.downsample is None else self.downsample(x))
 
 
+def _preset(dims: Tuple[int, ...], depths: Tuple[int, ...], heads: Tuple[int, ...], mlp_ratios: Tuple[int, ...],
+            heads_ranges: Tuple[int, ...], drop_path_rate: float, style: str = 'rmt') -> dict:
+    return dict(embed_dims=dims, depths=depths, num_heads=heads, mlp_ratios=mlp_ratios, heads_ranges=heads_ranges,
+                drop_path_rate=drop_path_rate, **({'style': style} if style != 'rmt' else {}))
+
+
 @MODELS.register_module()
 class EVT(DecayBackbone):
     """EVT as a multi-scale backbone (strides 4/8/16/32, NCHW, one LayerNorm per output).
@@ -157,29 +163,18 @@ class EVT(DecayBackbone):
     # Our reading of the lost Table 5 (docs/evt.md): RMT's widths, heads, MLP ratios and decay ranges; EVT-T
     # deeper than RMT-T and EVT-L deepened to the paper's parameter count, both in stage 3 where RMT adds depth.
     arch_zoo: Dict[str, dict] = {
-        't': dict(embed_dims=(64, 128, 256, 512), depths=(2, 2, 10, 2), num_heads=(4, 4, 8, 16),
-                  mlp_ratios=(3, 3, 3, 3), heads_ranges=(4, 4, 6, 6), drop_path_rate=0.1),
-        's': dict(embed_dims=(64, 128, 256, 512), depths=(3, 4, 18, 4), num_heads=(4, 4, 8, 16),
-                  mlp_ratios=(4, 4, 3, 3), heads_ranges=(4, 4, 6, 6), drop_path_rate=0.15),
-        'b': dict(embed_dims=(80, 160, 320, 512), depths=(4, 8, 25, 8), num_heads=(5, 5, 10, 16),
-                  mlp_ratios=(4, 4, 3, 3), heads_ranges=(5, 5, 6, 6), drop_path_rate=0.4),
-        'l': dict(embed_dims=(112, 224, 448, 640), depths=(4, 8, 28, 8), num_heads=(7, 7, 14, 20),
-                  mlp_ratios=(4, 4, 3, 3), heads_ranges=(6, 6, 6, 6), drop_path_rate=0.55),
+        't': _preset((64, 128, 256, 512), (2, 2, 10, 2), (4, 4, 8, 16), (3, 3, 3, 3), (4, 4, 6, 6), 0.1),
+        's': _preset((64, 128, 256, 512), (3, 4, 18, 4), (4, 4, 8, 16), (4, 4, 3, 3), (4, 4, 6, 6), 0.15),
+        'b': _preset((80, 160, 320, 512), (4, 8, 25, 8), (5, 5, 10, 16), (4, 4, 3, 3), (5, 5, 6, 6), 0.4),
+        'l': _preset((112, 224, 448, 640), (4, 8, 28, 8), (7, 7, 14, 20), (4, 4, 3, 3), (6, 6, 6, 6), 0.55),
         # Swin-T/S/B exactly (C, depths, heads, MLP ratio 4, drop path)
-        'swin_t': dict(style='swin', embed_dims=(96, 192, 384, 768), depths=(2, 2, 6, 2), num_heads=(3, 6, 12, 24),
-                       mlp_ratios=(4, 4, 4, 4), heads_ranges=(4, 4, 6, 6), drop_path_rate=0.2),
-        'swin_s': dict(style='swin', embed_dims=(96, 192, 384, 768), depths=(2, 2, 18, 2),
-                       num_heads=(3, 6, 12, 24), mlp_ratios=(4, 4, 4, 4), heads_ranges=(4, 4, 6, 6),
-                       drop_path_rate=0.3),
-        'swin_b': dict(style='swin', embed_dims=(128, 256, 512, 1024), depths=(2, 2, 18, 2),
-                       num_heads=(4, 8, 16, 32), mlp_ratios=(4, 4, 4, 4), heads_ranges=(4, 4, 6, 6),
-                       drop_path_rate=0.5),
+        'swin_t': _preset((96, 192, 384, 768), (2, 2, 6, 2), (3, 6, 12, 24), (4, 4, 4, 4), (4, 4, 6, 6), 0.2, 'swin'),
+        'swin_s': _preset((96, 192, 384, 768), (2, 2, 18, 2), (3, 6, 12, 24), (4, 4, 4, 4), (4, 4, 6, 6), 0.3, 'swin'),
+        'swin_b': _preset((128, 256, 512, 1024), (2, 2, 18, 2), (4, 8, 16, 32), (4, 4, 4, 4), (4, 4, 6, 6), 0.5,
+                          'swin'),
     }
-    _arch_keys = ('embed_dims', 'depths', 'num_heads')
-    _per_stage_keys = ('embed_dims', 'num_heads', 'mlp_ratios', 'init_values', 'heads_ranges', 'full_attention',
-                       'layer_scales')
+    _per_stage_keys = DecayBackbone._per_stage_keys + ('full_attention', )
     _arch_prefix = 'evt'
-    not_in_pretrained = ('norm0.*', 'norm1.*', 'norm2.*', 'norm3.*')
     static_export_reason = ('the token groups (their number and padding) are Python integers of the map '
                             'size, which torch.export cannot trace symbolically')
 
@@ -192,17 +187,16 @@ class EVT(DecayBackbone):
         arch = self._resolve_arch(arch)
         if group_size < 1:
             raise ValueError(f'group_size must be positive, got {group_size}')
-        dims, depths = list(arch['embed_dims']), list(arch['depths'])
         self.style = check_choice('EVT style', arch['style'], STYLES)
-        self._setup(in_channels, dims, out_indices, frozen_stages, norm_eval, out_norms)
         self.group_size = group_size
-        self.fused_attn = resolve_fused_attn(fused_attn)
-        self.patch_embed = (ConvStem(in_channels, dims[0], norm_cfg)
-                            if self.style == 'rmt' else PatchEmbed(in_channels, dims[0], 4))
-        self._build_stages(depths, arch['drop_path_rate'] if drop_path_rate is None else drop_path_rate, arch=arch,
-                           layer_init_values=layer_init_values, with_cp=with_cp, norm_cfg=norm_cfg)
-        self._add_output_norms()
-        self._freeze_stages()
+        self._build(arch, in_channels=in_channels, drop_path_rate=drop_path_rate,
+                    layer_init_values=layer_init_values, fused_attn=fused_attn, out_norms=out_norms,
+                    out_indices=out_indices, frozen_stages=frozen_stages, norm_eval=norm_eval, with_cp=with_cp,
+                    norm_cfg=norm_cfg)
+
+    def _make_stem(self, in_channels: int, dim: int, norm_cfg: Optional[dict]) -> nn.Module:
+        # EVT-Swin has Swin's patch embedding, not RMT's conv stem (paper section 4.6)
+        return ConvStem(in_channels, dim, norm_cfg) if self.style == 'rmt' else PatchEmbed(in_channels, dim, 4)
 
     def _make_stage(self, i: int, drop_path: List[float], *, arch: dict, layer_init_values: float, with_cp: bool,
                     norm_cfg: Optional[dict]) -> nn.Module:

@@ -343,9 +343,6 @@ class FANBase(AttentionBackbone):
             ``classifier`` are ignored (Swin keeps ``norm3``, the official final norm; no dense extras).
         classifier (vit, hybrid): also build the class-attention head's final norm (``cls_norm``) for
             :meth:`forward_classifier` (vit/hybrid; the class-attention blocks are built whenever needed).
-        unbiased_stem_norms (hybrid): official numerics: all ConvNeXt LayerNorm2d after the stem's divide the
-            variance by C - 1 (see :class:`UnbiasedLayerNorm2d`). False gives the textbook LayerNorm; use it only for
-            weights trained that way.
         pos_exponent (vit, hybrid): ``'paired'`` (the classifier's Fourier frequencies) or ``'linear'`` (the
             frequencies of the official detection/segmentation code, which differ from those its pretrained
             projection saw).

@@ -13,9 +13,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 from mmengine.registry import MODELS
 from timm.layers import LayerNorm2d, trunc_normal_
+from timm.models.convnext import ConvNeXtStage
 from torch import Tensor
 
-from ..layers.checkpoint import checkpoint_seq
 from ..layers.patch import tokens_to_map
 from .base import LayerOrder, stage_layer_order
 from .fan import Size, _build_bn, _TokenFAN
@@ -35,68 +35,26 @@ class UnbiasedLayerNorm2d(LayerNorm2d):
         return x * self.weight[:, None, None] + self.bias[:, None, None]
 
 
-def _layer_norm_2d(dim: int, unbiased: bool = False) -> LayerNorm2d:
-    return UnbiasedLayerNorm2d(dim) if unbiased else LayerNorm2d(dim)
-
-
-class ConvNeXtMlp(nn.Module):
-    def __init__(self, dim: int, hidden_dim: int):
-        super().__init__()
-        self.fc1 = nn.Conv2d(dim, hidden_dim, 1)
-        self.act = nn.GELU()
-        self.fc2 = nn.Conv2d(hidden_dim, dim, 1)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.fc2(self.act(self.fc1(x)))
-
-
-class ConvNeXtBlock(nn.Module):
-    """7x7 depthwise conv -> LayerNorm2d -> 1x1 conv (4x) -> GELU -> 1x1 conv -> layer scale -> + input."""
-
-    def __init__(self, dim: int, unbiased_norm: bool, layer_scale: float = 1e-6):
-        super().__init__()
-        self.conv_dw = nn.Conv2d(dim, dim, 7, padding=3, groups=dim)
-        self.norm = _layer_norm_2d(dim, unbiased_norm)
-        self.mlp = ConvNeXtMlp(dim, 4 * dim)
-        self.gamma = nn.Parameter(torch.full((dim, ), layer_scale))
-
-    def forward(self, x: Tensor) -> Tensor:
-        return x + self.mlp(self.norm(self.conv_dw(x))) * self.gamma.view(1, -1, 1, 1)
-
-
-class ConvNeXtStage(nn.Module):
-    def __init__(self, in_dim: int, dim: int, depth: int, downsample: bool, unbiased_norms: bool,
-                 with_cp: bool = False):
-        super().__init__()
-        self.with_cp = with_cp
-        self.downsample = nn.Sequential(_layer_norm_2d(in_dim, unbiased_norms),
-                                        nn.Conv2d(in_dim, dim, 2, 2)) if downsample else None
-        self.blocks = nn.Sequential(*[ConvNeXtBlock(dim, unbiased_norms) for _ in range(depth)])
-
-    def forward(self, x: Tensor) -> Tensor:
-        if self.downsample is not None:
-            x = self.downsample(x)
-        # the stem runs at strides 4 and 8, where a block's activations are the largest of the network
-        return checkpoint_seq(self.blocks, x, enabled=self.with_cp)
-
-
 class HybridEmbed(nn.Module):
-    """FAN-Hybrid's stem: ConvNeXt (4x4 stride-4 conv + LayerNorm2d, then stages at strides 4 and 8), then a 2x2
-    stride-2 conv to ``dim`` channels (stride 16).
+    """FAN-Hybrid's stem: ConvNeXt (4x4 stride-4 conv + LayerNorm2d, then timm's ConvNeXt stages at strides 4 and
+    8), then a 2x2 stride-2 conv to ``dim`` channels (stride 16).
 
-    ``unbiased_norms`` reproduces the official variance of every LayerNorm2d after the first (see
+    Every LayerNorm2d after the stem's divides the variance by C - 1, as the official code computes it (see
     :class:`UnbiasedLayerNorm2d`). The input is padded to a multiple of 16, so every map has ceil(H / stride) rows
-    before the caller crops the padded margin off the ConvNeXt maps.
+    before the caller crops the padded margin off the ConvNeXt maps. ``with_cp`` checkpoints the ConvNeXt blocks:
+    at strides 4 and 8 their activations are the largest of the network.
     """
 
     def __init__(self, in_channels: int, dim: int, depths: Sequence[int], dims: Sequence[int],
-                 unbiased_norms: bool = True, with_cp: bool = False):
+                 with_cp: bool = False):
         super().__init__()
         self.stem = nn.Sequential(nn.Conv2d(in_channels, dims[0], 4, 4), LayerNorm2d(dims[0]))
-        self.stages = nn.ModuleList([
-            ConvNeXtStage(dims[max(i - 1, 0)], dims[i], depths[i], i > 0, unbiased_norms, with_cp)
-            for i in range(len(depths))
-        ])
+        self.stages = nn.ModuleList()
+        for i, depth in enumerate(depths):
+            stage = ConvNeXtStage(dims[max(i - 1, 0)], dims[i], stride=2 if i > 0 else 1, depth=depth,
+                                  ls_init_value=1e-6, conv_mlp=True, norm_layer=UnbiasedLayerNorm2d)
+            stage.grad_checkpointing = with_cp
+            self.stages.append(stage)
         self.proj = nn.Conv2d(dims[-1], dim, 2, 2)
 
     def forward(self, x: Tensor) -> Tuple[Tensor, Size, List[Tensor]]:
@@ -125,7 +83,7 @@ class FANHybrid(_TokenFAN):
                  mlp_ratio: float = 4., qkv_bias: bool = True, drop_rate: float = 0., attn_drop_rate: float = 0.,
                  drop_path_rate: float = 0.1, eta: float = 1., cls_attn_layers: int = 2,
                  cls_tokens_norm: bool = True, classifier: bool = False, out_indices: Sequence[int] = (0, 1, 2, 3),
-                 out_norms: bool = True, out_type: str = 'featmap', unbiased_stem_norms: bool = True,
+                 out_norms: bool = True, out_type: str = 'featmap',
                  pos_exponent: str = 'paired', fused_attn: Optional[bool] = None, feat_downsample: bool = True,
                  norm_cfg: Optional[dict] = None, frozen_stages: int = -1, norm_eval: bool = False,
                  with_cp: bool = False, init_cfg: Optional[dict] = None):
@@ -135,7 +93,7 @@ class FANHybrid(_TokenFAN):
         self.feat_downsample = feat_downsample
         bn = partial(_build_bn, norm_cfg or dict(type='BN'))
         dim = arch['embed_dims']
-        stem = HybridEmbed(in_channels, dim, arch['stem_depths'], arch['stem_dims'], unbiased_stem_norms, with_cp)
+        stem = HybridEmbed(in_channels, dim, arch['stem_depths'], arch['stem_dims'], with_cp)
         self._build_tokens(arch, stem, mlp_ratio=mlp_ratio, qkv_bias=qkv_bias, drop_rate=drop_rate,
                            attn_drop_rate=attn_drop_rate, drop_path_rate=drop_path_rate, eta=eta,
                            cls_attn_layers=cls_attn_layers, cls_tokens_norm=cls_tokens_norm,

@@ -77,7 +77,7 @@ class ReMViTv2(AttentionBackbone):
         q_stride: query stride of the first block of every stage after the first.
         adaptive_kv_stride: key/value stride of the first stage; divided by each query stride (at least 1).
         rel_pos: decomposed relative positions. residual_pooling: add the pooled query to the attention output.
-        alpha_init, learnable_alpha: the residual gate (a constant when not learnable).
+        learnable_alpha: the residual gate (0.5 at first) learns; False keeps it the constant 0.5.
         score_memory: how the blocks keep their score maps (:mod:`~mmvisatt.models.layers.score_memory`):
             ``'full'`` (default), the reference; ``'handoff'``, row chunks recomputed in the backward, and blocks
             whose scores the next block shrinks (pools their queries or keys, or averages their heads) hand them
@@ -103,10 +103,10 @@ class ReMViTv2(AttentionBackbone):
                  patch_cfg: Optional[dict] = None, mlp_ratio: float = 4., qkv_bias: bool = True,
                  pool_kernel: Union[int, Sequence[int]] = 3, q_stride: Union[int, Sequence[int]] = 2,
                  adaptive_kv_stride: Union[int, Sequence[int]] = 4, rel_pos: bool = True,
-                 residual_pooling: bool = True, drop_path_rate: float = 0.1, alpha_init: float = 0.5,
-                 learnable_alpha: bool = True, out_indices: Sequence[int] = (0, 1, 2, 3),
-                 frozen_stages: int = -1, norm_eval: bool = False, with_cp: bool = False, score_memory: str = 'full',
-                 fused_attn: Optional[bool] = None, init_cfg: Optional[dict] = None):
+                 residual_pooling: bool = True, drop_path_rate: float = 0.1, learnable_alpha: bool = True,
+                 out_indices: Sequence[int] = (0, 1, 2, 3), frozen_stages: int = -1, norm_eval: bool = False,
+                 with_cp: bool = False, score_memory: str = 'full', fused_attn: Optional[bool] = None,
+                 init_cfg: Optional[dict] = None):
         super().__init__(init_cfg=init_cfg)
         arch = self._resolve_arch(arch)
         self.fused_attn = resolve_fused_attn(fused_attn)
@@ -124,7 +124,7 @@ class ReMViTv2(AttentionBackbone):
 
         self.patch_embed = PatchEmbed(in_channels, dims[0], patch['kernel_size'], patch['stride'],
                                       patch['padding'], norm=False)
-        self.alpha = make_alpha(alpha_init, learnable_alpha)
+        self.alpha = make_alpha(learnable_alpha)
         # every block's widths and strides first: a block's attention is told the next one's (what a handoff
         # may shrink)
         kv_stride = _pair(adaptive_kv_stride)

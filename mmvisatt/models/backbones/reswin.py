@@ -99,7 +99,6 @@ class ReSwinTransformer(AttentionBackbone):
             ``alpha`` parameter) so the released checkpoint keeps its meaning. None (default) takes the preset's:
             ``'official'`` for ``'t'``, whose released weights were trained that way, ``'aligned'`` for ``'s'``,
             ``'b'`` and arch dicts (which may name their own ``residual_mode``).
-        alpha_init: initial value of the learnable gate (``'aligned'`` mode only).
         out_indices: stages whose (normalised) outputs are returned, strides 4/8/16/32.
         frozen_stages: stages (and the patch embedding, and alpha once any stage is frozen) kept in eval mode
             without gradients; -1 freezes nothing, 0 only the patch embedding.
@@ -126,7 +125,7 @@ class ReSwinTransformer(AttentionBackbone):
     def __init__(self, arch: Union[str, dict] = 't', *, in_channels: int = 3, patch_size: int = 4,
                  window_size: int = 7, mlp_ratio: float = 4., qkv_bias: bool = True, drop_rate: float = 0.,
                  attn_drop_rate: float = 0., drop_path_rate: float = 0.1, residual_mode: Optional[str] = None,
-                 alpha_init: float = 0.5, out_indices: Sequence[int] = (0, 1, 2, 3), frozen_stages: int = -1,
+                 out_indices: Sequence[int] = (0, 1, 2, 3), frozen_stages: int = -1,
                  norm_eval: bool = False, with_cp: bool = False, fused_attn: Optional[bool] = None,
                  init_cfg: Optional[dict] = None):
         super().__init__(init_cfg=init_cfg)
@@ -144,7 +143,7 @@ class ReSwinTransformer(AttentionBackbone):
         self.patch_embed = PatchEmbed(in_channels, arch['embed_dims'], patch_size)
         self.pos_drop = nn.Dropout(drop_rate)
         # the official code mixes with a constant: there is no parameter to learn or load
-        self.alpha = make_alpha(0.5 if residual_mode == 'official' else alpha_init, residual_mode != 'official')
+        self.alpha = make_alpha(learnable=residual_mode != 'official')
         self._build_stages(depths, drop_path_rate, heads=arch['num_heads'], with_cp=with_cp,
                            block=dict(window_size=window_size, mlp_ratio=mlp_ratio, qkv_bias=qkv_bias,
                                       drop=drop_rate, attn_drop=attn_drop_rate, residual_mode=residual_mode,

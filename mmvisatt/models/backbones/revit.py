@@ -44,7 +44,7 @@ class ReViT(AttentionBackbone):
             interpolate it bicubically to their token grid.
         patch_size: patch size and stride; inputs are padded to a multiple of it and outputs cropped back to
             ceil(H / stride) rows.
-        alpha_init: initial value of the residual gate; ``learnable_alpha=False`` keeps it a constant.
+        learnable_alpha: the residual gate (0.5 at first) learns; False keeps it the constant 0.5.
         out_indices: pyramid levels returned, 0..3 = strides 4/8/16/32 (for patch size 16).
         frozen_stages: -1 freezes nothing; 0 the patch and position embeddings; n > 0 also the first n blocks
             and alpha.
@@ -73,7 +73,7 @@ class ReViT(AttentionBackbone):
 
     def __init__(self, arch: Union[str, dict] = 'b', *, in_channels: int = 3, img_size: int = 224,
                  patch_size: int = 16, mlp_ratio: float = 4., qkv_bias: bool = True, drop_path_rate: float = 0.1,
-                 alpha_init: float = 0.5, learnable_alpha: bool = True, out_indices: Sequence[int] = (0, 1, 2, 3),
+                 learnable_alpha: bool = True, out_indices: Sequence[int] = (0, 1, 2, 3),
                  frozen_stages: int = -1, norm_eval: bool = False, with_cp: bool = False, score_memory: str = 'full',
                  fused_attn: Optional[bool] = None, fold_every: Optional[int] = 3, init_cfg: Optional[dict] = None):
         super().__init__(init_cfg=init_cfg)
@@ -92,7 +92,7 @@ class ReViT(AttentionBackbone):
         self.patch_embed = PatchEmbed(in_channels, dim, patch_size, norm=False)
         self.pos_grid = (img_size // patch_size, img_size // patch_size)
         self.pos_embed = nn.Parameter(torch.zeros(1, self.pos_grid[0] * self.pos_grid[1], dim))
-        self.alpha = make_alpha(alpha_init, learnable_alpha)
+        self.alpha = make_alpha(learnable_alpha)
         rates = drop_path_rates(drop_path_rate, depth)
         self.blocks = nn.ModuleList([
             ResidualAttentionBlock(dim, dim, arch['num_heads'], mlp_ratio=mlp_ratio, qkv_bias=qkv_bias,

@@ -18,7 +18,7 @@ from mmengine.registry import MODELS
 from torch import Tensor
 
 from mmvisatt.checkpoint import register_converter
-from ..layers.attention import attention, resolve_fused_attn
+from ..layers.attention import attention
 from ..layers.checkpoint import checkpoint_seq
 from ..layers.spatial_decay import ConvDownsample, ConvStem, RetentiveBlock, SpatialDecay
 from .base import DecayBackbone
@@ -170,11 +170,8 @@ class RMT(DecayBackbone):
                   mlp_ratios=(4, 4, 3, 3), heads_ranges=(6, 6, 6, 6), layer_scales=(False, False, True, True),
                   drop_path_rate=0.5),
     }
-    _arch_keys = ('embed_dims', 'depths', 'num_heads')
-    _per_stage_keys = ('embed_dims', 'num_heads', 'mlp_ratios', 'init_values', 'heads_ranges', 'decomposed',
-                       'layer_scales')
+    _per_stage_keys = DecayBackbone._per_stage_keys + ('decomposed', )
     _arch_prefix = 'rmt'
-    not_in_pretrained = ('norm0.*', 'norm1.*', 'norm2.*', 'norm3.*')
 
     def __init__(self, arch: Union[str, dict] = 't', *, in_channels: int = 3, drop_path_rate: Optional[float] = None,
                  layer_init_values: float = 1e-6, fused_attn: Optional[bool] = None, out_norms: bool = True,
@@ -183,14 +180,13 @@ class RMT(DecayBackbone):
         super().__init__(init_cfg=init_cfg)
         arch = self._resolve_arch(arch)
         self._release_keys = tuple(arch.get('release_keys', self._release_keys))
-        dims, depths = list(arch['embed_dims']), list(arch['depths'])
-        self._setup(in_channels, dims, out_indices, frozen_stages, norm_eval, out_norms)
-        self.fused_attn = resolve_fused_attn(fused_attn)
-        self.patch_embed = ConvStem(in_channels, dims[0], norm_cfg)
-        self._build_stages(depths, arch['drop_path_rate'] if drop_path_rate is None else drop_path_rate, arch=arch,
-                           layer_init_values=layer_init_values, with_cp=with_cp, norm_cfg=norm_cfg)
-        self._add_output_norms()
-        self._freeze_stages()
+        self._build(arch, in_channels=in_channels, drop_path_rate=drop_path_rate,
+                    layer_init_values=layer_init_values, fused_attn=fused_attn, out_norms=out_norms,
+                    out_indices=out_indices, frozen_stages=frozen_stages, norm_eval=norm_eval, with_cp=with_cp,
+                    norm_cfg=norm_cfg)
+
+    def _make_stem(self, in_channels: int, dim: int, norm_cfg: Optional[dict]) -> nn.Module:
+        return ConvStem(in_channels, dim, norm_cfg)
 
     def _make_stage(self, i: int, drop_path: List[float], *, arch: dict, layer_init_values: float, with_cp: bool,
                     norm_cfg: Optional[dict]) -> nn.Module:

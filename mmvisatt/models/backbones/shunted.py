@@ -8,16 +8,12 @@ aggregated by a strided convolution of rate ``rates[g]``); stages with r = 1 use
 network adds a depthwise 3x3 conv to its hidden activations before the GELU ("detail-specific FFN"). Every stage
 ends with a LayerNorm whose output is both the stage's dense feature and the next stage's input.
 
-Odd input sizes (``odd_size``):
-
-- ``'pad'`` (default): the stem's 2x2 stride-2 conv and the key/value aggregation convs zero-pad their input at
-  the bottom/right to a multiple of their stride, so nothing is dropped and stage i has
-  ceil(H / 2**(i+2)) x ceil(W / 2**(i+2)) positions, for any input of at least 4x4 pixels.
-- ``'floor'``: the official behaviour. Those convs floor, silently dropping the border rows/columns that do not
-  fill a window, and the input must be large enough for every aggregation conv to fit once.
-
-Both are identical when the stage-1 map is divisible by the largest rate, e.g. for inputs padded to a multiple of
-32 (mmdet's ``Pad(size_divisor=32)``) with the official rates.
+Odd input sizes: the stem's 2x2 stride-2 conv and the key/value aggregation convs zero-pad their input at the
+bottom/right to a multiple of their stride, so nothing is dropped and stage i has ceil(H / 2**(i+2)) x
+ceil(W / 2**(i+2)) positions, for any input of at least 4x4 pixels. The official code floors there instead,
+dropping the border rows/columns that do not fill a window; the two agree whenever the stage-1 map is divisible
+by the largest rate, e.g. for inputs padded to a multiple of 32 (mmdet's ``Pad(size_divisor=32)``) with the
+official rates. The parity builder (``mmvisatt.testing.parity.shunted``) reproduces the floor for other sizes.
 """
 import re
 from typing import Dict, List, Optional, Sequence, Tuple, Union
@@ -34,12 +30,13 @@ from torch import Tensor
 from mmvisatt.checkpoint import register_converter
 from ..layers.attention import attention, resolve_fused_attn
 from ..layers.checkpoint import checkpoint, checkpoint_seq
-from ..layers.helpers import check_choice
 from ..layers.patch import map_to_tokens, tokens_to_map
 from .base import AttentionBackbone, LayerOrder, stage_layer_order
 
 Size = Tuple[int, int]
-ODD_SIZES = ('pad', 'floor')
+# eps of the block and stage LayerNorms in every official model; the stem, patch-embedding and aggregation
+# LayerNorms keep PyTorch's 1e-5, as the official code does
+NORM_EPS = 1e-6
 
 
 def shunted_rates(sr_ratio: int) -> Tuple[int, ...]:
@@ -49,6 +46,11 @@ def shunted_rates(sr_ratio: int) -> Tuple[int, ...]:
     if sr_ratio < 1 or sr_ratio % 2:
         raise ValueError(f'sr_ratio must be 1 or even (coarse rate r, fine rate r / 2), got {sr_ratio}')
     return sr_ratio, sr_ratio // 2
+
+
+def pad_to_multiple(x: Tensor, multiple: int) -> Tensor:
+    """Zero-pad an NCHW map at the bottom/right to a multiple of ``multiple`` rows and columns."""
+    return F.pad(x, (0, -x.shape[-1] % multiple, 0, -x.shape[-2] % multiple))
 
 
 def local_enhance(v: Tensor, conv: nn.Conv2d, size: Tuple[int, int]) -> Tensor:
@@ -68,13 +70,11 @@ class HeadGroupKV(nn.Module):
     locally enhanced values V + DWConv(V). A rate of 1 is still a learned 1x1 conv, as in the official stage 3.
     """
 
-    def __init__(self, dim: int, num_heads: int, head_dim: int, rate: int, qkv_bias: bool = False,
-                 odd_size: str = 'pad'):
+    def __init__(self, dim: int, num_heads: int, head_dim: int, rate: int, qkv_bias: bool = False):
         super().__init__()
         self.num_heads = num_heads
         self.head_dim = head_dim
         self.rate = rate
-        self.odd_size = check_choice('odd_size', odd_size, ODD_SIZES)
         group_dim = num_heads * head_dim
         self.sr = nn.Conv2d(dim, dim, kernel_size=rate, stride=rate)
         # the official code hard-codes the default eps here, unlike the block norms
@@ -84,14 +84,15 @@ class HeadGroupKV(nn.Module):
         self.local_conv = nn.Conv2d(group_dim, group_dim, 3, padding=1, groups=group_dim)
 
     def forward(self, x: Tensor) -> Tuple[Tensor, Tensor]:
-        """x: (B, C, H, W) -> k, v: (B, heads, M, head_dim), M = aggregated H * W (ceil or floor by odd_size)."""
-        if self.odd_size == 'pad':
-            x = F.pad(x, (0, -x.shape[-1] % self.rate, 0, -x.shape[-2] % self.rate))
-        x = self.sr(x)
+        """x: (B, C, H, W) -> k, v: (B, heads, M, head_dim), M = ceil(H / rate) * ceil(W / rate)."""
+        x = self.sr(self._fit(x))
         B, _, h, w = x.shape
         tokens = self.act(self.norm(x.flatten(2).transpose(1, 2)))
         k, v = self.kv(tokens).reshape(B, h * w, 2, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         return k, v + local_enhance(v, self.local_conv, (h, w))
+
+    def _fit(self, x: Tensor) -> Tensor:
+        return pad_to_multiple(x, self.rate)
 
 
 class ShuntedAttention(nn.Module):
@@ -104,14 +105,12 @@ class ShuntedAttention(nn.Module):
     Args:
         dim: token width C. num_heads: total heads (divisible by the number of rates).
         rates: aggregation rate of each head group, e.g. (8, 4); () for plain attention.
-        qkv_bias: biases of ``q`` and the key/value projections. qk_scale: overrides head_dim ** -0.5.
-        odd_size: ``'pad'`` or ``'floor'``, see the module docstring.
+        qkv_bias: biases of ``q`` and the key/value projections.
         fused: ``scaled_dot_product_attention`` or the explicit softmax reference.
     """
 
     def __init__(self, dim: int, num_heads: int, rates: Sequence[int] = (), *, qkv_bias: bool = False,
-                 qk_scale: Optional[float] = None, attn_drop: float = 0., proj_drop: float = 0., odd_size: str = 'pad',
-                 fused: bool = True):
+                 attn_drop: float = 0., proj_drop: float = 0., fused: bool = True):
         super().__init__()
         if dim % num_heads:
             raise ValueError(f'dim {dim} must be divisible by num_heads {num_heads}')
@@ -119,12 +118,12 @@ class ShuntedAttention(nn.Module):
             raise ValueError(f'num_heads {num_heads} must split evenly into {len(rates)} head groups')
         self.num_heads = num_heads
         self.head_dim = dim // num_heads
-        self.scale = qk_scale or self.head_dim ** -0.5
+        self.scale = self.head_dim ** -0.5
         self.fused = fused
         self.q = nn.Linear(dim, dim, bias=qkv_bias)
         heads_per_group = num_heads // max(len(rates), 1)
         self.groups = nn.ModuleList(
-            HeadGroupKV(dim, heads_per_group, self.head_dim, r, qkv_bias, odd_size) for r in rates)
+            HeadGroupKV(dim, heads_per_group, self.head_dim, r, qkv_bias) for r in rates)
         if not rates:
             self.kv = nn.Linear(dim, 2 * dim, bias=qkv_bias)
             self.local_conv = nn.Conv2d(dim, dim, 3, padding=1, groups=dim)
@@ -175,14 +174,13 @@ class ShuntedBlock(nn.Module):
     """Pre-norm block: x + DropPath(ShuntedAttention(LN(x))), then x + DropPath(FFN(LN(x)))."""
 
     def __init__(self, dim: int, num_heads: int, sr_ratio: int, *, mlp_ratio: float = 4., qkv_bias: bool = True,
-                 qk_scale: Optional[float] = None, drop: float = 0., attn_drop: float = 0., drop_path: float = 0.,
-                 norm_eps: float = 1e-6, odd_size: str = 'pad', fused_attn: bool = True):
+                 drop: float = 0., attn_drop: float = 0., drop_path: float = 0., fused_attn: bool = True):
         super().__init__()
-        self.norm1 = nn.LayerNorm(dim, eps=norm_eps)
-        self.attn = ShuntedAttention(dim, num_heads, shunted_rates(sr_ratio), qkv_bias=qkv_bias, qk_scale=qk_scale,
-                                     attn_drop=attn_drop, proj_drop=drop, odd_size=odd_size, fused=fused_attn)
+        self.norm1 = nn.LayerNorm(dim, eps=NORM_EPS)
+        self.attn = ShuntedAttention(dim, num_heads, shunted_rates(sr_ratio), qkv_bias=qkv_bias, attn_drop=attn_drop,
+                                     proj_drop=drop, fused=fused_attn)
         self.drop_path = DropPath(drop_path) if drop_path > 0. else nn.Identity()
-        self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
+        self.norm2 = nn.LayerNorm(dim, eps=NORM_EPS)
         self.mlp = DetailSpecificFFN(dim, int(dim * mlp_ratio), drop)
 
     def forward(self, x: Tensor, size: Size) -> Tensor:
@@ -193,25 +191,24 @@ class ShuntedBlock(nn.Module):
 class ShuntedStem(nn.Module):
     """Stride-4 stem: 7x7/2 conv-BN-ReLU, ``num_conv`` x 3x3 conv-BN-ReLU, 2x2/2 conv, LayerNorm (eps 1e-5)."""
 
-    def __init__(self, in_channels: int, dim: int, num_conv: int = 0, odd_size: str = 'pad',
-                 norm_cfg: Optional[dict] = None):
+    def __init__(self, in_channels: int, dim: int, num_conv: int = 0, norm_cfg: Optional[dict] = None):
         super().__init__()
         norm_cfg = norm_cfg or dict(type='BN')
-        self.pad = check_choice('odd_size', odd_size, ODD_SIZES) == 'pad'
         self.convs = nn.ModuleList([ConvModule(in_channels, dim, 7, 2, 3, norm_cfg=norm_cfg)])
         self.convs.extend(ConvModule(dim, dim, 3, 1, 1, norm_cfg=norm_cfg) for _ in range(num_conv))
         self.proj = nn.Conv2d(dim, dim, kernel_size=2, stride=2)
         self.norm = nn.LayerNorm(dim)
 
     def forward(self, x: Tensor) -> Tuple[Tensor, Size]:
-        """(B, C_in, H, W) -> tokens (B, h * w, C) and (h, w), h = ceil(H / 4) ('pad') or floor(ceil(H / 2) / 2)."""
+        """(B, C_in, H, W) -> tokens (B, h * w, C) and (h, w), h = ceil(H / 4)."""
         for conv in self.convs:
             x = conv(x)
-        if self.pad:
-            x = F.pad(x, (0, x.shape[-1] % 2, 0, x.shape[-2] % 2))
-        x = self.proj(x)
+        x = self.proj(self._fit(x))
         size = tuple(x.shape[-2:])
         return self.norm(x.flatten(2).transpose(1, 2)), size
+
+    def _fit(self, x: Tensor) -> Tensor:
+        return pad_to_multiple(x, 2)
 
 
 class OverlapPatchEmbed(nn.Module):
@@ -231,13 +228,12 @@ class OverlapPatchEmbed(nn.Module):
 class ShuntedStage(nn.Module):
     """Patch embedding (the stem in stage 0), ``depth`` shunted blocks and the stage LayerNorm."""
 
-    def __init__(self, patch_embed: nn.Module, blocks: List[ShuntedBlock], dim: int, norm_eps: float = 1e-6,
-                 with_cp: bool = False):
+    def __init__(self, patch_embed: nn.Module, blocks: List[ShuntedBlock], dim: int, with_cp: bool = False):
         super().__init__()
         self.with_cp = with_cp
         self.patch_embed = patch_embed
         self.blocks = nn.ModuleList(blocks)
-        self.norm = nn.LayerNorm(dim, eps=norm_eps)
+        self.norm = nn.LayerNorm(dim, eps=NORM_EPS)
 
     def forward(self, x: Tensor) -> Tensor:
         """(B, C_in, H, W) -> normalised (B, C, h, w)."""
@@ -256,10 +252,7 @@ class ShuntedTransformer(AttentionBackbone):
             ``depths``, ``num_heads``, ``mlp_ratios``, ``sr_ratios`` (one entry per stage) and optionally
             ``num_conv`` (extra 3x3 stem convs, default 0). The stem width is ``embed_dims[0]`` (64 officially).
         in_channels: image channels.
-        qkv_bias, qk_scale: query/key/value biases and an optional override of head_dim ** -0.5.
-        norm_eps: eps of the block and stage LayerNorms (1e-6 in all official models; the stem, patch-embedding
-            and aggregation LayerNorms keep the default 1e-5, as in the official code).
-        odd_size: ``'pad'`` (default) or ``'floor'`` (official), see the module docstring.
+        qkv_bias: query/key/value biases.
         fused_attn: ``scaled_dot_product_attention`` per head group (True) or the explicit softmax reference
             (False, the parity oracle); None takes the global default (:mod:`~mmvisatt.models.layers.attention`).
         norm_cfg: norm of the stem convs (BatchNorm; e.g. ``dict(type='SyncBN')`` for distributed training).
@@ -287,7 +280,6 @@ class ShuntedTransformer(AttentionBackbone):
     not_in_pretrained: Tuple[str, ...] = ()
 
     def __init__(self, arch: Union[str, dict] = 't', *, in_channels: int = 3, qkv_bias: bool = True,
-                 qk_scale: Optional[float] = None, norm_eps: float = 1e-6, odd_size: str = 'pad',
                  fused_attn: Optional[bool] = None, norm_cfg: Optional[dict] = None, drop_rate: float = 0.,
                  attn_drop_rate: float = 0., drop_path_rate: float = 0.1, out_indices: Sequence[int] = (0, 1, 2, 3),
                  frozen_stages: int = -1, norm_eval: bool = False, with_cp: bool = False,
@@ -297,26 +289,25 @@ class ShuntedTransformer(AttentionBackbone):
         dims, depths = arch['embed_dims'], arch['depths']
         num_stages = len(depths)
         self._set_interface(in_channels, out_indices, num_stages, frozen_stages, norm_eval)
-        self.odd_size = check_choice('odd_size', odd_size, ODD_SIZES)
         self.sr_ratios = tuple(arch['sr_ratios'])
         self.num_features = list(dims)
         self.fused_attn = resolve_fused_attn(fused_attn)
 
         self._build_stages(depths, drop_path_rate, arch=arch, norm_cfg=norm_cfg, with_cp=with_cp,
-                           block=dict(qkv_bias=qkv_bias, qk_scale=qk_scale, drop=drop_rate, attn_drop=attn_drop_rate,
-                                      norm_eps=norm_eps, odd_size=odd_size, fused_attn=self.fused_attn))
+                           block=dict(qkv_bias=qkv_bias, drop=drop_rate, attn_drop=attn_drop_rate,
+                                      fused_attn=self.fused_attn))
         self._freeze_stages()
 
     def _make_stage(self, i: int, drop_path: List[float], *, arch: dict, norm_cfg: Optional[dict], with_cp: bool,
                     block: dict) -> nn.Module:
         dims = arch['embed_dims']
         if i == 0:
-            patch_embed = ShuntedStem(self.in_channels, dims[0], arch.get('num_conv', 0), self.odd_size, norm_cfg)
+            patch_embed = ShuntedStem(self.in_channels, dims[0], arch.get('num_conv', 0), norm_cfg)
         else:
             patch_embed = OverlapPatchEmbed(dims[i - 1], dims[i])
         blocks = [ShuntedBlock(dims[i], arch['num_heads'][i], self.sr_ratios[i], mlp_ratio=arch['mlp_ratios'][i],
                                drop_path=rate, **block) for rate in drop_path]
-        return ShuntedStage(patch_embed, blocks, dims[i], block['norm_eps'], with_cp)
+        return ShuntedStage(patch_embed, blocks, dims[i], with_cp)
 
     @classmethod
     def _resolve_arch(cls, arch: Union[str, dict]) -> dict:
@@ -330,31 +321,7 @@ class ShuntedTransformer(AttentionBackbone):
 
     @property
     def min_input_size(self) -> int:
-        if self.odd_size == 'pad':
-            return 4
-        # 'floor' needs every aggregation conv (kernel = sr_ratio) to fit into its stage's map once
-        side = 1
-        while any(s < max(r, 1) for s, r in zip(self.stage_sizes(side), self.sr_ratios)):
-            side += 1
-        return side
-
-    def _check_input(self, x: Tensor) -> None:
-        if self.odd_size == 'floor' and x.dim() == 4 and x.shape[1] == self.in_channels:
-            side = self.min_input_size
-            if min(x.shape[-2:]) < side:
-                raise ValueError(f"ShuntedTransformer with odd_size='floor' needs images of at least {side}x{side} "
-                                 f"pixels (every key/value aggregation window must fit once), got "
-                                 f"{tuple(x.shape[-2:])}; pad the input or use odd_size='pad'.")
-        super()._check_input(x)
-
-    def stage_sizes(self, side: int) -> List[int]:
-        """Side lengths of the stage maps for an input side (the same rule applies to H and W)."""
-        s = (side + 1) // 2
-        s = (s + 1) // 2 if self.odd_size == 'pad' else s // 2
-        sizes = [s]
-        for _ in self.stages[1:]:
-            sizes.append((sizes[-1] + 1) // 2)
-        return sizes
+        return 4
 
     def _default_init(self):
         # the official initialisation: trunc-normal linears, unit LayerNorms, He-normal (fan-out) convs
@@ -368,7 +335,8 @@ class ShuntedTransformer(AttentionBackbone):
                 normal_init(m, std=(2. / fan_out) ** 0.5, bias=0.)
 
     def forward(self, x: Tensor) -> Tuple[Tensor, ...]:
-        """(B, C_in, H, W) -> tuple of (B, num_features[i], h_i, w_i) for ``out_indices``; see ``stage_sizes``."""
+        """(B, C_in, H, W) -> tuple of (B, num_features[i], ceil(H / 2**(i+2)), ceil(W / 2**(i+2))) for
+        ``out_indices``."""
         self._check_input(x)
         return self._forward_stages(x)
 

@@ -390,7 +390,11 @@ def align_pooled_by_position(prev: PooledScores, q_grid: TokenGrid, kv_grid: Tok
     return scores
 
 
-def make_alpha(alpha_init: float, learnable: bool = True) -> Union[nn.Parameter, float]:
+# the residual gate's value before training (official ReViT / ReSwin / ReMViTv2: 0.5, the constant of ReSwin)
+ALPHA_INIT = 0.5
+
+
+def make_alpha(learnable: bool = True) -> Union[nn.Parameter, float]:
     """The residual gate: one for the whole network, used raw (no sigmoid or clamp), as in the official code; a
     constant when not learnable."""
-    return nn.Parameter(torch.tensor([float(alpha_init)])) if learnable else float(alpha_init)
+    return nn.Parameter(torch.tensor([ALPHA_INIT])) if learnable else ALPHA_INIT

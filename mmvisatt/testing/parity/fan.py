@@ -4,10 +4,11 @@
 from typing import Dict, List, Optional
 
 import torch.nn as nn
+from timm.models.convnext import ConvNeXtStage
 from torch import Tensor
 
 from mmvisatt.models.backbones.fan import FANBase, FANBlock, official_swin_to_mmvisatt_key, official_to_mmvisatt_key
-from mmvisatt.models.backbones.fan_hybrid import ConvNeXtStage, FANHybrid
+from mmvisatt.models.backbones.fan_hybrid import FANHybrid
 from mmvisatt.models.backbones.fan_swin import FANSwin, FANSwinBlock
 from mmvisatt.models.backbones.fan_vit import FANViT
 

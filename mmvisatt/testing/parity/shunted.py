@@ -5,7 +5,7 @@ from typing import Dict, Optional
 import torch.nn as nn
 from torch import Tensor
 
-from mmvisatt.models.backbones.shunted import ShuntedTransformer
+from mmvisatt.models.backbones.shunted import HeadGroupKV, ShuntedAttention, ShuntedStem, ShuntedTransformer
 
 from . import load_converted, register_parity_builder
 
@@ -22,6 +22,40 @@ def _layer_norm_eps(norm_layer: str) -> float:
         raise ValueError(f'Official norm_layer {norm_layer!r} has no mmvisatt equivalent (LayerNorm only)')
     m = re.search(r'eps\s*=\s*([0-9.eE+-]+)', norm_layer)
     return float(m.group(1)) if m else 1e-5
+
+
+class _FlooringStem(ShuntedStem):
+    """The official stem: its 2x2 stride-2 conv drops an odd last row / column."""
+
+    def _fit(self, x: Tensor) -> Tensor:
+        return x
+
+
+class _FlooringHeadGroupKV(HeadGroupKV):
+    """The official key/value aggregation: its rate-r conv drops the rows / columns that do not fill a window."""
+
+    def _fit(self, x: Tensor) -> Tensor:
+        return x
+
+
+def official_numerics(backbone: ShuntedTransformer, qk_scale: Optional[float] = None,
+                      norm_eps: float = 1e-6) -> ShuntedTransformer:
+    """Give ``backbone`` the official code's numerics where they differ from mmvisatt's, in place: sizes that the
+    stem or an aggregation rate does not divide are floored (mmvisatt pads them), ``qk_scale`` replaces
+    head_dim ** -0.5, and ``norm_eps`` is the eps of the block and stage LayerNorms. Every official release
+    uses the defaults, and at sizes the rates divide (multiples of 32 with the official rates) the floor is the
+    pad, so the released models need none of this; the fixtures' other configurations do."""
+    for module in backbone.modules():
+        if type(module) is ShuntedStem:
+            module.__class__ = _FlooringStem
+        elif type(module) is HeadGroupKV:
+            module.__class__ = _FlooringHeadGroupKV
+        elif isinstance(module, ShuntedAttention) and qk_scale:
+            module.scale = qk_scale
+    for stage in backbone.stages:
+        for norm in [stage.norm] + [n for block in stage.blocks for n in (block.norm1, block.norm2)]:
+            norm.eps = norm_eps
+    return backbone
 
 
 class ShuntedParity(nn.Module):
@@ -47,11 +81,10 @@ def _shunted_from_official(meta: dict, state_dict: dict, fused_attn: bool = Fals
     n = kw['num_stages']
     arch = {k: list(kw[k])[:n] for k in ('embed_dims', 'depths', 'num_heads', 'mlp_ratios', 'sr_ratios')}
     # the official stem always reads 3 channels whatever in_chans says
-    backbone = ShuntedTransformer(
-        arch=dict(arch, num_conv=kw['num_conv']), in_channels=3, qkv_bias=kw['qkv_bias'], qk_scale=kw['qk_scale'],
-        norm_eps=_layer_norm_eps(kw['norm_layer']), odd_size='floor', fused_attn=fused_attn,
+    backbone = official_numerics(ShuntedTransformer(
+        arch=dict(arch, num_conv=kw['num_conv']), in_channels=3, qkv_bias=kw['qkv_bias'], fused_attn=fused_attn,
         drop_rate=kw['drop_rate'], attn_drop_rate=kw['attn_drop_rate'], drop_path_rate=kw['drop_path_rate'],
-        out_indices=tuple(range(n)))
+        out_indices=tuple(range(n))), kw['qk_scale'], _layer_norm_eps(kw['norm_layer']))
     num_classes = meta.get('num_classes', kw['num_classes'])
     head = nn.Linear(kw['embed_dims'][3], num_classes) if num_classes and 'logits_shape' in meta else None
     load_converted(backbone, head, state_dict, 'shunted', allow_missing=ShuntedTransformer.not_in_pretrained)
