@@ -29,7 +29,7 @@ Converter = Callable[[Mapping[str, torch.Tensor], bool], Optional[Tuple[StateDic
 
 @dataclass(frozen=True)
 class _Family:
-    convert: Converter
+    convert: Optional[Converter]  # None: the family has no foreign layout (no release outside mmvisatt)
     is_mm: Callable[[Set[str]], bool]
     keep: Tuple[str, ...]
 
@@ -45,14 +45,22 @@ class CheckpointMismatchError(RuntimeError):
     """A checkpoint does not cover the model it is loaded into."""
 
 
+def register_family(family: str, is_mm: Callable[[Set[str]], bool], keep: Tuple[str, ...] = ('head.', ),
+                    convert: Optional[Converter] = None) -> None:
+    """Make ``family``'s checkpoints loadable: ``is_mm`` recognises the family's own backbone keys (an mmvisatt
+    file, with or without the ``backbone.`` prefix); ``keep`` are the prefixes of the other entries such a file
+    carries over (the classifier's ``head.``, RMT's ``neck.``); ``convert`` maps the family's foreign layouts
+    (official, timm), where it has any."""
+    _CONVERTERS[family] = _Family(convert, is_mm, tuple(keep))
+
+
 def register_converter(family: str, is_mm: Callable[[Set[str]], bool],
                        keep: Tuple[str, ...] = ('head.', )) -> Callable[[Converter], Converter]:
-    """Register a family's key map for :func:`convert_state_dict` and the converter tool. ``is_mm`` recognises
-    the family's own backbone keys (an mmvisatt file, with or without the ``backbone.`` prefix); ``keep`` are the
-    prefixes of the other entries such a file carries over (the classifier's ``head.``, RMT's ``neck.``)."""
+    """:func:`register_family` as a decorator of the family's key map for :func:`convert_state_dict` and the
+    converter tool."""
 
     def wrap(fn: Converter) -> Converter:
-        _CONVERTERS[family] = _Family(fn, is_mm, tuple(keep))
+        register_family(family, is_mm, keep, fn)
         return fn
 
     return wrap
@@ -69,6 +77,8 @@ def _convert(spec: _Family, state_dict: Mapping[str, torch.Tensor]) -> Optional[
     if spec.is_mm(set(inner)):
         kept = {k: v for k, v in state_dict.items() if k.startswith(spec.keep)}
         return {**{'backbone.' + k: v for k, v in inner.items()}, **kept}, 'mmvisatt'
+    if spec.convert is None:
+        return None
     return spec.convert(inner if prefixed else dict(state_dict), prefixed)
 
 

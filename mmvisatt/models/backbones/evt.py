@@ -22,7 +22,7 @@ from mmengine.registry import MODELS
 from timm.layers import DropPath, Mlp
 from torch import Tensor
 
-from mmvisatt.checkpoint import register_converter
+from mmvisatt.checkpoint import register_family
 from ..layers.attention import attention
 from ..layers.checkpoint import checkpoint
 from ..layers.helpers import check_choice
@@ -219,7 +219,5 @@ def _evt_is_mm(keys: Set[str]) -> bool:
     return 'stages.0.decay.log_gamma' in keys and 'stages.0.rotary.angle' not in keys
 
 
-@register_converter('evt', is_mm=_evt_is_mm)
-def convert_evt_checkpoint(state_dict: Dict[str, Tensor], prefixed: bool) -> Optional[Tuple[Dict[str, Tensor], str]]:
-    """No foreign layout: there is no official EVT release, and mmvisatt (mm-style) files need no key map."""
-    return None
+# there is no EVT release outside mmvisatt: its files are mmvisatt's own layout, with no key map
+register_family('evt', is_mm=_evt_is_mm)

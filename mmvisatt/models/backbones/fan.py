@@ -40,6 +40,7 @@ from timm.layers import DropPath, Mlp, trunc_normal_
 from torch import Tensor
 
 from mmvisatt.checkpoint import register_converter
+from mmvisatt.checkpoint.renames import final_norm_key, rename_release, swin_layer_key
 from ..layers.attention import attention, resolve_fused_attn
 from ..layers.checkpoint import checkpoint
 from ..layers.helpers import check_choice
@@ -599,11 +600,7 @@ def official_to_mmvisatt_key(key: str) -> str:
 
 def official_swin_to_mmvisatt_key(key: str, num_stages: int = 4) -> str:
     """One official FAN-Swin key -> the FAN module's key; patch merging moves to the start of the next stage."""
-    m = re.match(r'layers\.(\d+)\.downsample\.(.*)', key)
-    if m:
-        return f'stages.{int(m.group(1)) + 1}.downsample.{m.group(2)}'
-    key = re.sub(r'^layers\.', 'stages.', key)
-    key = re.sub(r'^norm\.', f'norm{num_stages - 1}.', key)
+    key = final_norm_key(swin_layer_key(key, merging_at_end=True), num_stages - 1)
     return _CHANNEL_ATTN.sub(r'\1.channel_attn.\2', key)
 
 
@@ -623,15 +620,7 @@ def _split_fused_class_attention(state_dict: Dict[str, Tensor]) -> Dict[str, Ten
 def _from_official(state_dict) -> Dict[str, Tensor]:
     state_dict = _split_fused_class_attention(dict(state_dict))
     swin = any(k.startswith('layers.') for k in state_dict)
-    out = {}
-    for key, value in state_dict.items():
-        if key.endswith(('relative_position_index', 'attn_mask')):
-            continue
-        if key.startswith('head.'):
-            out['head.fc.' + key.split('.')[-1]] = value
-            continue
-        out['backbone.' + (official_swin_to_mmvisatt_key(key) if swin else official_to_mmvisatt_key(key))] = value
-    return out
+    return rename_release(state_dict, official_swin_to_mmvisatt_key if swin else official_to_mmvisatt_key)
 
 
 @register_converter('fan', is_mm=lambda keys: any(_MM_MARK.match(k) for k in keys))

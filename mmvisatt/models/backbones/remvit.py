@@ -13,6 +13,7 @@ from timm.layers import trunc_normal_
 from torch import Tensor
 
 from mmvisatt.checkpoint import register_converter
+from mmvisatt.checkpoint.renames import final_norm_key, rename_release
 from ..layers.attention import resolve_fused_attn
 from ..layers.checkpoint import checkpoint
 from ..layers.patch import PatchEmbed
@@ -20,7 +21,7 @@ from ..layers.pooling_attention import PoolingResidualAttention, ResidualAttenti
 from ..layers.residual_attention import PooledScores, make_alpha
 from ..layers.score_memory import check_score_memory
 from .base import AttentionBackbone, LayerOrder, drop_path_rates, init_transformer_weights, stage_layer_order
-from .revit import _has_pooling, _head_key
+from .revit import _has_pooling
 
 
 class ReMViTStage(nn.Module):
@@ -191,29 +192,18 @@ def convert_remvit_checkpoint(state_dict: Dict[str, Tensor], prefixed: bool) -> 
     place = {}
     for stage, (start, end) in enumerate(zip(starts, starts[1:] + [num_blocks])):
         place.update({i: (stage, i - start) for i in range(start, end)})
-    out = {}
-    for key, value in state_dict.items():
-        if key.startswith('head.'):
-            out[_head_key(key)] = value
-            continue
+
+    def backbone_key(key: str) -> str:
         m = re.match(r'blocks\.(\d+)\.(.*)', key)
-        if m:
-            stage, index = place[int(m.group(1))]
-            rest = re.sub(r'^proj\.', 'shortcut_proj.', m.group(2))
-            key = f'stages.{stage}.blocks.{index}.{rest}'
-        else:
-            key = re.sub(r'^norm\.', f'norm{len(starts) - 1}.', key)
-        out['backbone.' + key] = value
-    return out, 'official-remvit' if 'alpha' in keys else 'official-mvitv2'
+        if not m:
+            return final_norm_key(key, len(starts) - 1)
+        stage, index = place[int(m.group(1))]
+        return f"stages.{stage}.blocks.{index}.{re.sub(r'^proj[.]', 'shortcut_proj.', m.group(2))}"
+
+    return rename_release(state_dict, backbone_key), 'official-remvit' if 'alpha' in keys else 'official-mvitv2'
 
 
 def _from_timm_mvitv2(state_dict) -> Dict[str, Tensor]:
     num_stages = 1 + max(int(k.split('.')[1]) for k in state_dict if k.startswith('stages.'))
-    out = {}
-    for key, value in state_dict.items():
-        if key.startswith('head.'):
-            out[_head_key(key)] = value
-            continue
-        key = key.replace('.shortcut_proj_attn.', '.shortcut_proj.')
-        out['backbone.' + re.sub(r'^norm\.', f'norm{num_stages - 1}.', key)] = value
-    return out
+    return rename_release(state_dict, lambda key: final_norm_key(key.replace('.shortcut_proj_attn.', '.shortcut_proj.'),
+                                                                 num_stages - 1))

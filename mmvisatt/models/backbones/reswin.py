@@ -16,6 +16,7 @@ from torch import Tensor
 
 from mmvisatt.checkpoint import CheckpointMismatchError, register_converter
 from mmvisatt.checkpoint.loading import abbreviate
+from mmvisatt.checkpoint.renames import final_norm_key, is_rebuilt_buffer, rename_release, swin_layer_key
 from ..layers.attention import resolve_fused_attn
 from ..layers.helpers import check_choice
 from ..layers.patch import PatchEmbed
@@ -174,7 +175,6 @@ class ReSwinTransformer(AttentionBackbone):
 # ---------------------------------------------------------------------------------------------------------
 # Checkpoints: official Swin / ReSwin release files, timm Swin, mmdet Swin and mmvisatt (mm-style) files.
 # ---------------------------------------------------------------------------------------------------------
-_DROPPED = ('relative_position_index', 'attn_mask')
 # MViTv2 layouts (timm, ReMViTv2) also have 'stages.0.blocks.0.attn.qkv.weight'; the bias table is Swin's own.
 _RESWIN_MM_KEY = 'stages.0.blocks.0.attn.relative_position_bias_table'
 
@@ -205,28 +205,14 @@ def convert_reswin_checkpoint(state_dict: Dict[str, Tensor], prefixed: bool) -> 
     # official and ReSwin put patch merging at the end of a stage, timm at the start of the next one
     official = 'layers.0.downsample.reduction.weight' in keys
     num_stages = 1 + max(int(k.split('.')[1]) for k in keys if k.startswith('layers.'))
-    out = {}
-    for key, value in state_dict.items():
-        if key.endswith(_DROPPED):
-            continue
-        if key.startswith('head.'):
-            out['head.fc.' + key.split('.')[-1]] = value
-            continue
-        m = re.match(r'layers\.(\d+)\.downsample\.(.*)', key)
-        if m:
-            stage = int(m.group(1)) + (1 if official else 0)
-            key = f'stages.{stage}.downsample.{m.group(2)}'
-        else:
-            key = re.sub(r'^layers\.', 'stages.', key)
-            key = re.sub(r'^norm\.', f'norm{num_stages - 1}.', key)
-        out['backbone.' + key] = value
+    out = rename_release(state_dict, lambda key: final_norm_key(swin_layer_key(key, official), num_stages - 1))
     return out, 'official-swin' if official else 'timm-swin'
 
 
 def _from_mmdet(inner: Dict[str, Tensor]) -> Dict[str, Tensor]:
     out = {}
     for key, value in inner.items():
-        if key.endswith(_DROPPED):
+        if is_rebuilt_buffer(key):
             continue
         key = key.replace('patch_embed.projection.', 'patch_embed.proj.').replace('attn.w_msa.', 'attn.')
         key = key.replace('ffn.layers.0.0.', 'mlp.fc1.').replace('ffn.layers.1.', 'mlp.fc2.')

@@ -6,7 +6,6 @@ block and its attention are shared with ReMViTv2 (:mod:`mmvisatt.models.layers.p
 the checkpoint converter.
 """
 import math
-import re
 from typing import Dict, Optional, Sequence, Set, Tuple, Union
 
 import torch
@@ -17,6 +16,7 @@ from timm.layers import trunc_normal_
 from torch import Tensor
 
 from mmvisatt.checkpoint import register_converter
+from mmvisatt.checkpoint.renames import final_norm_key, head_key
 from ..layers.attention import resolve_fused_attn
 from ..layers.checkpoint import checkpoint
 from ..layers.patch import PatchEmbed
@@ -167,11 +167,6 @@ def _is_plain_vit(keys) -> bool:
     return 'blocks.0.attn.qkv.weight' in keys and 'pos_embed' in keys and not _has_pooling(keys, 'blocks.0.')
 
 
-def _head_key(key: str) -> str:
-    # official ReViT/MViTv2: head.projection.*, timm ViT: head.*, timm MViTv2 and mm-style: head.fc.*
-    return 'head.fc.' + key.split('.')[-1]
-
-
 def _revit_is_mm(keys: Set[str]) -> bool:
     return _is_plain_vit(keys) and 'norm.weight' not in keys and 'cls_token' not in keys
 
@@ -196,7 +191,7 @@ def convert_revit_checkpoint(state_dict: Dict[str, Tensor], prefixed: bool) -> O
             # rows before the square grid belong to the prefix (class / distillation) tokens
             value = value[:, value.shape[1] - math.isqrt(value.shape[1]) ** 2:]
         if key.startswith('head.'):
-            out[_head_key(key)] = value
+            out[head_key(key)] = value
             continue
-        out['backbone.' + re.sub(r'^norm\.', 'norm2.', key)] = value
+        out['backbone.' + final_norm_key(key, 2)] = value
     return out, 'official-revit' if official else 'timm-vit'

@@ -28,6 +28,7 @@ from timm.layers import DropPath
 from torch import Tensor
 
 from mmvisatt.checkpoint import register_converter
+from mmvisatt.checkpoint.renames import rename_release
 from ..layers.attention import attention, resolve_fused_attn
 from ..layers.checkpoint import checkpoint, checkpoint_seq
 from ..layers.patch import map_to_tokens, tokens_to_map
@@ -360,25 +361,21 @@ def _from_official(state_dict) -> Dict[str, Tensor]:
     """SSA.py names -> mmvisatt names (``patch_embed{s}``/``block{s}``/``norm{s}`` -> ``stages.{s-1}``)."""
     stem_indices = [int(k.split('.')[2]) for k in state_dict if k.startswith('patch_embed1.conv.')]
     last = max(stem_indices)  # the 2x2 projection closes the stem Sequential
-    out = {}
-    for key, value in state_dict.items():
-        if key.startswith('head.'):
-            out['head.fc.' + key[len('head.'):]] = value
-            continue
+
+    def backbone_key(key: str) -> str:
         m = re.match(r'patch_embed1\.conv\.(\d+)\.(.*)', key)
         if m:
             index, rest = int(m.group(1)), m.group(2)
             # Sequential: conv, BN, ReLU per stem layer, then the projection
             part = 'proj' if index == last else f'convs.{index // 3}.' + ('conv' if index % 3 == 0 else 'bn')
-            out[f'backbone.stages.0.patch_embed.{part}.{rest}'] = value
-            continue
+            return f'stages.0.patch_embed.{part}.{rest}'
         key = re.sub(r'^(patch_embed|norm)(\d+)\.', lambda g: f'stages.{int(g.group(2)) - 1}.{g.group(1)}.', key)
         key = re.sub(r'^block(\d+)\.', lambda g: f'stages.{int(g.group(1)) - 1}.blocks.', key)
         key = re.sub(r'\.attn\.(sr|norm|kv|local_conv)(\d)\.', lambda g: f'.attn.groups.{int(g.group(2)) - 1}.'
                      f'{g.group(1)}.', key)
-        key = key.replace('.mlp.dwconv.dwconv.', '.mlp.dwconv.')
-        out['backbone.' + key] = value
-    return out
+        return key.replace('.mlp.dwconv.dwconv.', '.mlp.dwconv.')
+
+    return rename_release(state_dict, backbone_key)
 
 
 @register_converter('shunted', is_mm=lambda keys: _MM_KEY in keys)
