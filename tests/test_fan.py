@@ -419,3 +419,22 @@ def test_wrong_files_raise(tmp_path):
     torch.save(official, tmp_path / 'narrow.pth')
     with pytest.raises(CheckpointMismatchError, match='another shape'):
         _pretrained(tmp_path / 'narrow.pth', dict(FIXTURE['fan_vit_a'], embed_dims=64))
+
+
+def test_configs_name_each_form_by_its_class_and_type_fan_still_builds_with_a_warning():
+    from mmengine.config import Config
+    from mmengine.registry import MODELS
+    from mmvisatt.models.backbones import FANHybrid, FANSwin, FANViT
+    forms = {'vit': FANViT, 'hybrid': FANHybrid, 'swin': FANSwin}
+    presets = sorted((Path(__file__).parents[1] / 'configs' / '_base_' / 'backbones').glob('fan_*.py'))
+    assert len(presets) == 12
+    for path in presets:
+        backbone = Config.fromfile(str(path)).preset.backbone
+        assert backbone.type == forms[path.stem.split('_')[1]].__name__, path.name
+    for form, cls in forms.items():
+        with pytest.warns(DeprecationWarning, match=f"type='FAN' is deprecated: write type='{cls.__name__}'"):
+            model = MODELS.build(dict(type='FAN', arch=TINY[form], drop_path_rate=0.))
+        assert type(model) is cls
+        # an argument of another form at its default is dropped, as configs written for FAN relied on
+        with pytest.warns(DeprecationWarning):
+            assert type(FAN(arch=TINY[form], classifier=False, window_size=7)) is cls

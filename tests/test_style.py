@@ -60,3 +60,39 @@ def test_packages_import_each_other_in_one_direction_and_no_private_names():
 
     assert [p for p in graph if p in reachable(p)] == [], graph
     assert [(s, t, n) for s, t, names in imports for n in names if n.startswith('_') and not n.endswith('__')] == []
+
+
+def test_every_layers_module_serves_two_backbone_files():
+    """``models/layers`` holds what two or more backbone files use (directly or through another layers module);
+    what one architecture alone uses lives in its backbone file, and nothing in ``layers`` imports a family."""
+    import ast
+    import os
+    models = os.path.join(REPO, 'mmvisatt', 'models')
+
+    def layer_imports(path):
+        found = set()
+        for node in ast.walk(ast.parse(open(path).read())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                module = node.module.split('.')
+                if module[:-1] == ['layers'] or module[:3] == ['mmvisatt', 'models', 'layers']:
+                    found.add(module[-1])
+                elif node.level == 1 and len(module) == 1:
+                    found.add(module[0])
+        return found
+
+    layers = {name[:-3] for name in os.listdir(os.path.join(models, 'layers'))
+              if name.endswith('.py') and name != '__init__.py'}
+    uses = {name: layer_imports(os.path.join(models, 'layers', name + '.py')) & layers for name in layers}
+    users = {name: set() for name in layers}
+    for name in os.listdir(os.path.join(models, 'backbones')):
+        if name.endswith('.py') and name not in ('__init__.py', 'base.py'):
+            stack = list(layer_imports(os.path.join(models, 'backbones', name)) & layers)
+            while stack:
+                module = stack.pop()
+                if name not in users[module]:
+                    users[module].add(name)
+                    stack += uses[module]
+    assert {m: sorted(u) for m, u in users.items() if len(u) < 2} == {}
+    for name in layers:
+        source = open(os.path.join(models, 'layers', name + '.py')).read()
+        assert 'backbones' not in ''.join(line for line in source.splitlines() if 'import' in line), name

@@ -185,11 +185,9 @@ class FourierPositionEncoding(nn.Module):
 
     def __init__(self, dim: int, hidden_dim: int = 32, temperature: int = 10000, exponent: str = 'paired'):
         super().__init__()
-        if exponent not in ('paired', 'linear'):
-            raise ValueError(f"exponent must be 'paired' or 'linear', got '{exponent}'")
+        self.exponent = check_choice('exponent', exponent, ('paired', 'linear'))
         self.hidden_dim = hidden_dim
         self.temperature = temperature
-        self.exponent = exponent
         self.proj = nn.Conv2d(2 * hidden_dim, dim, 1)
 
     def _encode(self, length: int, freqs: Tensor) -> Tensor:

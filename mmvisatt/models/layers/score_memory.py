@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .helpers import check_choice
 from .residual_attention import (ScoreFactors, TokenGrid, _pool_and_repeat, gate, on_key_axis, on_query_axis,
                                  regrid_by_position, residual_attention)
 
@@ -49,6 +50,7 @@ def score_chunk_numel() -> int:
 
 
 def check_score_memory(value: str, allowed: Tuple[str, ...], owner: str) -> str:
+    """``value`` if ``owner`` (a backbone) offers that strategy; the error names the owner's choices."""
     if value not in allowed:
         raise ValueError(f"{owner} takes score_memory in {allowed}, got {value!r} (see "
                          f"mmvisatt.models.layers.score_memory)")
@@ -282,8 +284,7 @@ def set_score_memory(model: torch.nn.Module, value: str) -> torch.nn.Module:
     """Switch every module of ``model`` that has a ``score_memory`` (the backbone and its attentions) to ``value``,
     in place: a deployment step, e.g. to the reference, whose graph an exporter can trace, before an export.
     Values do not change beyond rounding."""
-    if value not in SCORE_MEMORY:
-        raise ValueError(f'score_memory must be one of {SCORE_MEMORY}, got {value!r}')
+    check_choice('score_memory', value, SCORE_MEMORY)
     for module in model.modules():
         if hasattr(module, 'score_memory'):
             module.score_memory = value

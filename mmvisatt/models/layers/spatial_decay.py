@@ -31,6 +31,7 @@ from mmcv.cnn import build_norm_layer
 from timm.layers import DropPath, Mlp
 from torch import Tensor
 
+from .helpers import check_choice
 from .shape_cache import shape_cache
 
 # Floor of every bias. exp(-1e4) is 0 in every float type, so the floor changes no result, yet it and any sum
@@ -123,8 +124,7 @@ def token_groups(height: int, width: int, group_size: int, mode: str, device: to
     EuSAd: ``'dilated'``, token ``i`` of the padded sequence joins group ``i % G``), padding it at the end to a
     multiple of ``group_size``. Fewer tokens than ``group_size`` make one group of all tokens, unpadded.
     """
-    if mode not in ('grouped', 'dilated'):
-        raise ValueError(f"grouping mode must be 'grouped' or 'dilated', got '{mode}'")
+    check_choice('grouping mode', mode, ('grouped', 'dilated'))
     n = height * width
     g = min(group_size, n)
     num_groups = -(-n // g)
