@@ -1,10 +1,11 @@
-# The two Quick-start commands. Both first run the idempotent set-up (tools/setup_env.sh): a virtual
-# environment at .venv (MMVISATT_VENV=DIR to move it, MMVISATT_VENV=none for the current interpreter).
+# The two Quick-start commands, and `make check`. Each first runs the idempotent set-up (tools/setup_env.sh): a
+# virtual environment at .venv (MMVISATT_VENV=DIR to move it, MMVISATT_VENV=none for the current interpreter),
+# created by $(PYTHON) where set (PYTHON=python3.11 make demo), else python3.
 MMVISATT_VENV ?= .venv
-PYTHON := $(if $(filter none,$(MMVISATT_VENV)),python3,$(MMVISATT_VENV)/bin/python)
+VENV_PYTHON := $(if $(filter none,$(MMVISATT_VENV)),python3,$(MMVISATT_VENV)/bin/python)
 export MMVISATT_VENV
 
-.PHONY: setup demo test setup-onedl test-onedl
+.PHONY: setup demo test check setup-onedl test-onedl
 
 setup:
 	bash tools/setup_env.sh
@@ -14,14 +15,18 @@ setup:
 DEMO_STAGE1 := work_dirs/demo_imagenet/iter_60.pth
 
 $(DEMO_STAGE1):
-	$(PYTHON) tools/train.py configs/imagenet_reswin_t.py --demo --work-dir work_dirs/demo_imagenet
+	$(VENV_PYTHON) tools/train.py configs/imagenet_reswin_t.py --demo --work-dir work_dirs/demo_imagenet
 
 demo: setup
 	$(MAKE) --no-print-directory $(DEMO_STAGE1)
-	$(PYTHON) tools/train.py configs/mask_rcnn_reswin_t_3x.py --demo --work-dir work_dirs/demo --cfg-options model.backbone.init_cfg.checkpoint=$(DEMO_STAGE1)
+	$(VENV_PYTHON) tools/train.py configs/mask_rcnn_reswin_t_3x.py --demo --work-dir work_dirs/demo --cfg-options model.backbone.init_cfg.checkpoint=$(DEMO_STAGE1)
 
 test: setup
-	$(PYTHON) -m pytest -n 2 --durations=30 tests
+	$(VENV_PYTHON) -m pytest -n 2 --durations=30 tests
+
+# versions, mmcv's ops and one detector forward (on the GPU where one is visible); exits 1 with the fix
+check: setup
+	$(VENV_PYTHON) tools/check_install.py
 
 # The onedl fork (same import names as upstream OpenMMLab, other distribution names) on Python 3.12, in a venv of
 # its own: what of the suite covers the stack (registry, every config built and stepped, checkpoints, the

@@ -1,6 +1,7 @@
 """The demo's journey in short runs: an ImageNet config's ``--demo`` pre-trains the backbone on the generated
 classification set (stage 1), and a detection config's ``--demo`` starts its backbone from that checkpoint through
 ``init_cfg``, the converter and the load report, as from an official ImageNet file (stage 2)."""
+import os
 import os.path as osp
 import re
 
@@ -92,3 +93,19 @@ def test_make_demo_runs_both_stages():
     assert 'configs/imagenet_reswin_t.py --demo' in makefile
     assert ('configs/mask_rcnn_reswin_t_3x.py --demo --work-dir work_dirs/demo --cfg-options '
             'model.backbone.init_cfg.checkpoint=$(DEMO_STAGE1)') in makefile
+
+
+def test_make_passes_the_interpreter_that_creates_the_venv_through():
+    """``PYTHON=python3.11 make demo``: the Makefile used PYTHON for the venv's interpreter, so the set-up was handed
+    a venv that did not exist yet to create the venv with. PYTHON now reaches tools/setup_env.sh as given, and the
+    targets run the venv's interpreter; ``make check`` runs the install check."""
+    import shutil
+    import subprocess
+    if not shutil.which('make'):
+        pytest.skip('make is not installed')
+    env = dict(os.environ, PYTHON='python3.11', MMVISATT_VENV='/opt/venv')
+    database = subprocess.run(['make', '-pn', 'setup'], cwd=REPO, env=env, capture_output=True, text=True).stdout
+    assert re.search(r'^# environment\nPYTHON = python3\.11$', database, re.M), 'the Makefile sets PYTHON'
+    dry = subprocess.run(['make', '-n', 'check', 'test'], cwd=REPO, env=env, capture_output=True, text=True).stdout
+    assert 'bash tools/setup_env.sh' in dry and '/opt/venv/bin/python tools/check_install.py' in dry
+    assert '/opt/venv/bin/python -m pytest' in dry

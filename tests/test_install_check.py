@@ -90,3 +90,26 @@ def test_a_task_library_shadowed_on_pythonpath_is_named_with_what_python_imports
     assert line.endswith(f'(imports as 2.28.2 from {tmp_path / "mmdet"})'), run.stdout
     assert 'mmdet imports as 2.28.2 (' in run.stdout
     assert 'installed): another copy comes first on sys.path' in run.stdout
+
+
+def test_a_gpu_without_a_kernel_in_mmcv_is_named_with_the_arch_to_build_for():
+    """The onedl fork's prebuilt CUDA wheels have no sm_80 kernels or PTX: on an A100 the first op fails with
+    CUDA's "no kernel image is available"; the tool names that and the rebuild for the GPU."""
+    from mmvisatt.apis.install_check import forward_failure
+    facts = _facts(gpus=['NVIDIA A100-SXM4-80GB (sm_80, 79 GiB)'],
+                   dists=dict(dict.fromkeys(installed_distributions()), **{'onedl-mmcv': '2.3.2'}))
+    error = RuntimeError('CUDA error: no kernel image is available for execution on the device\nCUDA kernel errors '
+                         'might be asynchronously reported at some other API call')
+    message = forward_failure(error, 'cuda', facts)
+    assert "mmcv's CUDA ops have no kernel for this GPU (NVIDIA A100-SXM4-80GB (sm_80, 79 GiB))" in message
+    assert 'pip uninstall -y onedl-mmcv && TORCH_CUDA_ARCH_LIST="8.0" MMVISATT_VENV=none bash ' \
+           'tools/setup_env.sh --user' in message
+    assert forward_failure(ValueError('other'), 'cpu', facts) == 'The forward on cpu failed: ValueError: other'
+
+
+def test_the_tool_says_how_to_check_a_gpu_node_when_it_sees_none():
+    run = subprocess.run([sys.executable, TOOL, '--size', '96'], capture_output=True, text=True, timeout=600)
+    import torch
+    if torch.cuda.is_available() or not torch.version.cuda:
+        pytest.skip('the hint is for a CUDA torch on a machine without a visible GPU')
+    assert 'srun --gres=gpu:1 python tools/check_install.py' in run.stdout

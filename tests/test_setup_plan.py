@@ -321,3 +321,56 @@ def test_a_cuda_request_on_a_cpu_build_is_never_up_to_date(tmp_path):
     assert 'up to date' not in run.stderr
     assert run.returncode == 1 and 'need nvcc' in run.stderr, run.stderr
     assert not osp.exists(tmp_path / 'cache')
+
+
+def test_what_the_mmcv_build_needs_stops_the_plan_before_torch_is_downloaded(tmp_path):
+    """Python's headers and a C++20 compiler: a newcomer's machine without them failed minutes into the build,
+    after the torch download. The plan says so first, and only where mmcv is built."""
+    plan = _plan(dict(_probe(), python_h=None), tmp_path, fresh=True)
+    assert "Python 3.11's headers (Python.h) are not installed" in plan.error and 'python3.11-dev' in plan.error
+    assert plan.vars['install_torch'] == '1'  # planned, not done: setup_env.sh stops on the error first
+    plan = _plan(_probe(), tmp_path, fresh=True, compiler=(None, None))
+    assert 'no C++ compiler' in plan.error and 'g++ 10 or newer' in plan.error
+    plan = _plan(_probe(), tmp_path, fresh=True, compiler=('/usr/bin/c++', '9.4.0'))
+    assert '/usr/bin/c++ is version 9.4.0' in plan.error and 'C++20' in plan.error
+    plan = _plan(dict(_probe(), python_h='/usr/include/python3.11'), tmp_path, fresh=True,
+                 compiler=('/usr/bin/c++', '12.2.0'))
+    assert plan.error is None and plan.vars['mmcv'] == 'build'
+    # a cached wheel needs neither
+    _cache_wheel(tmp_path, 'torch2.14.1-cpu')
+    plan = _plan(dict(_probe(torch='2.14.1'), python_h=None), tmp_path, compiler=(None, None))
+    assert plan.error is None and plan.vars['mmcv'] == 'cache'
+
+
+def test_a_python_without_venv_support_stops_the_plan(tmp_path):
+    plan = _plan(dict(_probe(), venv=False), tmp_path, fresh=True)
+    assert plan.error.startswith('Python 3.11 cannot create the virtual environment /env')
+    assert 'sudo apt install python3.11-venv' in plan.error and 'MMVISATT_VENV=none' in plan.error
+
+
+def test_a_gpu_the_driver_shows_makes_cuda_the_target_before_torch_is_installed(tmp_path):
+    """A laptop with an NVIDIA GPU and no CUDA 13 toolkit: the plan promised CPU ops, and the set-up stopped for
+    nvcc once torch was in. The GPU nvidia-smi shows is the target from the start."""
+    probe = dict(_probe(), driver_gpus=['8.6'])
+    plan = _plan(probe, tmp_path, fresh=True)
+    assert 'need nvcc' in plan.error and 'load the CUDA toolkit 13.0' in plan.error
+    assert 'CUDA_VISIBLE_DEVICES= make demo' in plan.error and 'FORCE_CUDA=0' in plan.error
+    # FORCE_CUDA=0: CPU-only ops on purpose
+    plan = _plan(probe, tmp_path, fresh=True, env={'FORCE_CUDA': '0'})
+    assert plan.error is None and plan.vars['force_cuda'] == '0'
+    # nvcc of another major CUDA than torch's: torch's extension build would refuse it
+    plan = _plan(probe, tmp_path, fresh=True, nvcc='/usr/local/cuda/bin/nvcc', nvcc_version='12.4')
+    assert 'is CUDA 12.4 and torch is built with CUDA 13.0' in plan.error and 'refuses' in plan.error
+    plan = _plan(probe, tmp_path, fresh=True, nvcc='/usr/local/cuda/bin/nvcc', nvcc_version='13.0')
+    assert plan.error is None and plan.vars['force_cuda'] == '1' and plan.vars['arch_list'] == '8.6'
+    assert 'a visible GPU with a CUDA 13.0 build of torch' in plan.text()
+
+
+def test_the_probe_reports_headers_venv_and_driver_gpus():
+    found = setup_plan.probe()
+    assert found['python_h'] and osp.isfile(osp.join(found['python_h'], 'Python.h'))
+    assert isinstance(found['driver_gpus'], list)
+    fresh = setup_plan.fresh_probe('/tmp/does-not-exist/venv')
+    assert fresh['venv'] is True and fresh['python_h'] == found['python_h']
+    path, version = setup_plan.find_compiler(os.environ)
+    assert path and setup_plan.stack.parse(version) >= setup_plan.CXX_MIN

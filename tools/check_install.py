@@ -39,7 +39,7 @@ def main(argv=None) -> int:
         dists = _stack_module().installed_distributions()
         print('installed: ' + (', '.join(f'{d} {v}' for d, v in dists.items() if v) or 'no OpenMMLab distribution'))
         return 1
-    from mmvisatt.apis.install_check import diagnose, gather, report, smoke_forward
+    from mmvisatt.apis.install_check import diagnose, forward_failure, gather, report, smoke_forward
     facts = gather()
     print(report(facts))
     problems = diagnose(facts)
@@ -47,10 +47,13 @@ def main(argv=None) -> int:
         print('\nProblems:\n' + '\n'.join(f'- {p}' for p in problems))
         return 1
     device = args.device or ('cuda' if facts.gpus else 'cpu')
+    if not facts.gpus and facts.torch_cuda:
+        print('\nNo GPU is visible here, so the forward runs on the CPU. On a cluster, check a GPU node: '
+              'srun --gres=gpu:1 python tools/check_install.py')
     try:
         result = smoke_forward(args.config, device, args.size)
     except Exception as error:
-        print(f'\nThe forward of {osp.basename(args.config)} on {device} failed: {type(error).__name__}: {error}')
+        print(f'\n{osp.basename(args.config)}: ' + forward_failure(error, device, facts))
         return 1
     print(f"\nForward of {result['config']} on {result['device']} at {args.size}x{args.size}: "
           f"{result['seconds']:.2f} s, {result['detections']} detections (random weights). The installation works.")

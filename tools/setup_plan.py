@@ -34,7 +34,9 @@ import os.path as osp
 import re
 import shlex
 import shutil
+import subprocess
 import sys
+import sysconfig
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 _spec = importlib.util.spec_from_file_location(
@@ -56,6 +58,8 @@ BUILDS = {
 DEFAULT_STACK = 'openmmlab'
 #: free disk asked for before torch is installed (its CUDA build and the rest of the stack measured 6.7 GB)
 NEED_GB = 8
+#: the oldest g++ / clang++ that compiles C++20, which torch >= 2.14's headers and so mmcv's ops need
+CXX_MIN = (10, )
 #: torch's names for GPU generations, accepted in TORCH_CUDA_ARCH_LIST beside compute capabilities
 NAMED_ARCHS = ('Kepler+Tesla', 'Kepler', 'Maxwell+Tegra', 'Maxwell', 'Pascal', 'Volta', 'Turing', 'Ampere', 'Ada',
                'Hopper', 'Blackwell')
@@ -83,7 +87,7 @@ def probe() -> Probe:
     found: Probe = dict(python='%d.%d' % sys.version_info[:2], prefix=sys.prefix,
                         packages={name: _version(name) for name in PACKAGES}, torch_cuda=None, gpus=[],
                         mmcv_ops=None, free_gb=shutil.disk_usage(sys.prefix).free // 2**30,
-                        cuda_includes=nvidia_include_dirs())
+                        cuda_includes=nvidia_include_dirs(), python_h=python_headers(), driver_gpus=driver_gpus())
     if found['packages']['torch']:
         try:
             import torch
@@ -102,6 +106,53 @@ def probe() -> Probe:
                 except Exception:
                     found['mmcv_ops'] = None
     return found
+
+
+def python_headers() -> Optional[str]:
+    """The folder of this interpreter's ``Python.h``, or None where the headers are not installed (a C extension
+    such as mmcv's ops cannot be built then)."""
+    include = sysconfig.get_paths().get('include') or ''
+    return include if osp.isfile(osp.join(include, 'Python.h')) else None
+
+
+def driver_gpus() -> List[str]:
+    """The compute capabilities of the GPUs the NVIDIA driver shows (``nvidia-smi``), without torch: what a
+    visible GPU will make the target before torch is installed. Empty without a driver or GPU."""
+    smi = shutil.which('nvidia-smi')
+    if not smi:
+        return []
+    try:
+        out = subprocess.run([smi, '--query-gpu=compute_cap', '--format=csv,noheader'], capture_output=True,
+                             text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return sorted({line.strip() for line in out.splitlines() if re.fullmatch(r'\d+\.\d+', line.strip())})
+
+
+def find_compiler(env: Mapping[str, str]) -> Tuple[Optional[str], Optional[str]]:
+    """The C++ compiler torch's extension build will use (``CXX``, else ``c++``, else ``g++``) and its version, or
+    (None, None)."""
+    path = shutil.which(env.get('CXX') or 'c++', path=env.get('PATH')) or shutil.which('g++', path=env.get('PATH'))
+    if not path:
+        return None, None
+    try:
+        out = subprocess.run([path, '--version'], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return path, None
+    m = re.search(r'(\d+\.\d+(?:\.\d+)?)', out.splitlines()[0] if out else '')
+    return path, m.group(1) if m else None
+
+
+def nvcc_cuda(nvcc: Optional[str]) -> Optional[str]:
+    """The CUDA release of ``nvcc`` (``12.8``), or None."""
+    if not nvcc:
+        return None
+    try:
+        out = subprocess.run([nvcc, '--version'], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    m = re.search(r'release (\d+\.\d+)', out)
+    return m.group(1) if m else None
 
 
 def nvidia_include_dirs() -> List[str]:
@@ -131,9 +182,11 @@ def fresh_probe(prefix: str) -> Probe:
         blocked = f'{existing} is a file, not a folder'
     elif not os.access(existing, os.W_OK | os.X_OK):
         blocked = f'{existing} is not writable for this user'
+    # ``python -m venv`` needs ensurepip, which Debian and Ubuntu ship apart (python3.X-venv)
+    venv = importlib.util.find_spec('venv') is not None and importlib.util.find_spec('ensurepip') is not None
     return dict(python='%d.%d' % sys.version_info[:2], prefix=prefix, packages={name: None for name in PACKAGES},
                 torch_cuda=None, gpus=[], mmcv_ops=None, free_gb=shutil.disk_usage(existing).free // 2**30,
-                blocked=blocked)
+                blocked=blocked, venv=venv, python_h=python_headers(), driver_gpus=driver_gpus())
 
 
 def default_archs(cuda: str) -> List[str]:
@@ -283,18 +336,49 @@ def _stack(found: Probe, env: Mapping[str, str]) -> Tuple[Optional[str], str]:
     return DEFAULT_STACK, f'the default (MMVISATT_STACK={"|".join(stack.STACKS)} chooses)'
 
 
+def _build_tools_problem(found: Probe, compiler: Optional[Tuple[Optional[str], Optional[str]]]) -> Optional[str]:
+    """Why mmcv's ops cannot be compiled here (no Python headers, no C++20 compiler), or None. Said before the
+    torch download, not minutes into the build."""
+    if 'python_h' in found and not found['python_h']:
+        version = found['python']
+        return (f"Python {version}'s headers (Python.h) are not installed, and building mmcv's ops needs them: "
+                f'install them (Debian / Ubuntu: sudo apt install python{version}-dev; Fedora / RHEL: sudo dnf '
+                f'install python{version}-devel; conda: they come with its python), then run the set-up again')
+    if compiler is None:
+        return None
+    path, version = compiler
+    if not path:
+        return ('no C++ compiler (c++ / g++) was found, and building mmcv\'s ops needs one that compiles C++20: '
+                'install g++ 10 or newer (Debian / Ubuntu: sudo apt install g++; on a cluster: module load gcc), or '
+                'set CXX to one')
+    if version and stack.parse(version)[:len(CXX_MIN)] < CXX_MIN:
+        return (f"{path} is version {version}, and mmcv's ops are compiled as C++20 (torch's headers need it), "
+                f"which needs g++ or clang++ {'.'.join(map(str, CXX_MIN))} or newer: load a newer compiler (e.g. "
+                '`module load gcc/12`) or set CXX to one')
+    return None
+
+
 def make_plan(found: Probe, env: Mapping[str, str], cache: str, *, user: bool = False, fresh: bool = False,
-              nvcc: Optional[str] = None, jobs: Optional[int] = None) -> Plan:
+              nvcc: Optional[str] = None, jobs: Optional[int] = None, nvcc_version: Optional[str] = None,
+              compiler: Optional[Tuple[Optional[str], Optional[str]]] = None) -> Plan:
     """What set-up does for the environment ``found`` (:func:`probe`): the steps with their reasons and the
     variables setup_env.sh acts on. ``fresh``: the virtual environment is created first. ``user``: the runtime
-    only (no test, lint, ONNX or robustness tools). Everything that would stop the set-up stops the plan, before
-    anything is installed or built."""
+    only (no test, lint, ONNX or robustness tools). ``nvcc_version``: the CUDA release of ``nvcc``;
+    ``compiler``: (path, version) of the C++ compiler (:func:`find_compiler`), None where not looked for.
+    Everything that would stop the set-up stops the plan, before anything is installed or built."""
     plan = Plan()
     packages = found['packages']
     if fresh:
         if found.get('blocked'):
             plan.error = (f"cannot create the virtual environment {found['prefix']}: {found['blocked']}. Point "
                           'MMVISATT_VENV at a folder you can write, or MMVISATT_VENV=none for the current interpreter')
+            return plan
+        if found.get('venv') is False:
+            version = found['python']
+            plan.error = (f'Python {version} cannot create the virtual environment {found["prefix"]}: its venv module '
+                          f'has no ensurepip. Install it (Debian / Ubuntu: sudo apt install python{version}-venv), '
+                          'or set PYTHON to an interpreter that has it, or MMVISATT_VENV=none to install into the '
+                          'current interpreter')
             return plan
         plan.add('create the virtual environment', 'it does not exist')
 
@@ -326,6 +410,10 @@ def make_plan(found: Probe, env: Mapping[str, str], cache: str, *, user: bool = 
                  'no torch is installed (for a CUDA build of your choice, install it first)')
         plan.vars['install_torch'] = '1'
         torch, found = TORCH, dict(found, torch_cuda=TORCH_CUDA)
+        if not found['gpus'] and found.get('driver_gpus'):
+            # the GPUs torch will see once installed (nvidia-smi's): they make CUDA the target now, not after the
+            # torch download
+            found['gpus'] = list(found['driver_gpus'])
     else:
         if found.get('torch_error'):
             plan.error = f"torch {torch} is installed but does not import ({found['torch_error']}): repair it first"
@@ -382,16 +470,30 @@ def make_plan(found: Probe, env: Mapping[str, str], cache: str, *, user: bool = 
             jobs = int(env.get('MAX_JOBS') or jobs or cores())
             plan.vars.update(mmcv='build', max_jobs=str(jobs), force_cuda='1' if cuda else '0',
                              arch_list=';'.join(archs), cuda_includes=':'.join(found.get('cuda_includes') or []))
-            detail = (f'CUDA ops for {";".join(archs)} ({why_archs}), FORCE_CUDA=1' if cuda
+            detail = (f'CUDA ops for {";".join(archs)} ({why_archs}; {why_target}), FORCE_CUDA=1' if cuda
                       else f'CPU-only ops ({why_target})')
             plan.add(f'build {mmcv_dist} {mmcv_release} from its sdist with {detail}, MAX_JOBS={jobs}; cache it in '
                      f'{wheels}', reason)
+            problem = _build_tools_problem(found, compiler)
+            if problem:
+                plan.error = problem
+                return plan
             if cuda:
                 if not nvcc:
                     plan.error = (f"the CUDA ops ({why_target}) need nvcc, and none was found in $CUDA_HOME/bin or "
                                   f"on PATH: load the CUDA toolkit {found['torch_cuda']} (torch's), e.g. `module "
                                   "load cuda`, or install it and set CUDA_HOME to its folder; or set FORCE_CUDA=0 "
-                                  'for CPU-only ops on purpose (they cannot run RoIAlign or NMS on a GPU)')
+                                  'for CPU-only ops on purpose (they cannot run RoIAlign or NMS on a GPU'
+                                  + (': run on the CPU then, e.g. CUDA_VISIBLE_DEVICES= make demo)'
+                                     if packages['torch'] is None else ')'))
+                    return plan
+                torch_major = str(found['torch_cuda']).split('.')[0]
+                if nvcc_version and nvcc_version.split('.')[0] != torch_major:
+                    plan.error = (f"{nvcc} is CUDA {nvcc_version} and torch is built with CUDA {found['torch_cuda']}: "
+                                  "torch's extension build refuses another major CUDA version. Load the CUDA "
+                                  f"{found['torch_cuda']} toolkit (e.g. `module load cuda/{found['torch_cuda']}`) "
+                                  f'and set CUDA_HOME to it, or install the torch build for CUDA {nvcc_version} '
+                                  'first (pytorch.org), or set FORCE_CUDA=0 for CPU-only ops on purpose')
                     return plan
                 home = env.get('CUDA_HOME') or cuda_toolkit(nvcc)
                 if not home:
@@ -438,8 +540,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0
     text = sys.stdin.read() if args.probe == '-' else open(args.probe).read()
     cache = os.environ.get('MMVISATT_CACHE') or osp.join(osp.expanduser('~'), '.cache', 'mmvisatt')
-    plan = make_plan(json.loads(text), os.environ, cache, user=args.user, fresh=args.fresh,
-                     nvcc=find_nvcc(os.environ))
+    nvcc = find_nvcc(os.environ)
+    plan = make_plan(json.loads(text), os.environ, cache, user=args.user, fresh=args.fresh, nvcc=nvcc,
+                     nvcc_version=nvcc_cuda(nvcc), compiler=find_compiler(os.environ))
     print(plan.shell() if args.shell else plan.text())
     # the readable plan ends with its stop: the status says so to a script; setup_env.sh reads plan_error itself
     return 1 if plan.error and not args.shell else 0

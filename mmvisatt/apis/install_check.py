@@ -170,6 +170,22 @@ def report(facts: Facts) -> str:
     return '\n'.join(lines)
 
 
+def forward_failure(error: BaseException, device: str, facts: Facts) -> str:
+    """What a failed :func:`smoke_forward` means, with the fix where the error is a known one."""
+    text = f'{type(error).__name__}: {error}'
+    if 'no kernel image is available' in text:
+        caps = [m.group(1)[:-1] + '.' + m.group(1)[-1] for gpu in facts.gpus for m in [re.search(r'sm_(\d+)', gpu)]
+                if m]
+        arch = ';'.join(sorted(set(caps))) or '<your GPU\'s compute capability, e.g. 8.0 for an A100>'
+        dist = next((d for d in ('onedl-mmcv', 'mmcv') if facts.dists.get(d)), 'mmcv')
+        return (f"mmcv's CUDA ops have no kernel for this GPU ({'; '.join(facts.gpus) or device}): the installed "
+                f'{dist} was compiled for other GPU architectures. The onedl fork\'s prebuilt CUDA wheels, for '
+                'example, cover 7.5, 8.6, 8.9, 9.0 and 12.0 without PTX, so they do not run on an A100 (8.0). Build '
+                f'mmcv from its sdist for this GPU: pip uninstall -y {dist} && TORCH_CUDA_ARCH_LIST="{arch}" '
+                f'MMVISATT_VENV=none bash tools/setup_env.sh --user ({_short(text)})')
+    return f'The forward on {device} failed: {text}'
+
+
 def smoke_forward(config: str, device: str, size: int = 320) -> Dict[str, Any]:
     """Build ``config`` (ReSwin-T Mask R-CNN; no pretrained weights) and run its prediction on one random
     ``size`` x ``size`` image on ``device``: the backbone, the RPN's NMS, RoIAlign in the box and mask heads.
