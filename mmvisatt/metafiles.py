@@ -251,44 +251,107 @@ def _memory_settings_lines(tokens: List[str], presets: Dict[str, Config]) -> Lis
     return lines
 
 
+#: the torch the test suite runs on (tools/setup_plan.py installs it where none is there) and the oldest accepted
+TORCH_TESTED, TORCH_MIN = '2.14.1', '2.6'
+
+
+def _optimizer_summary(optim_wrapper: dict) -> str:
+    """AdamW lr 0.0001, wd 0.05, AMP: the optimizer of a shipped config in a table cell."""
+    optimizer = optim_wrapper['optimizer']
+    parts = [f"{optimizer['type']} lr {optimizer['lr']:g}", f"wd {optimizer.get('weight_decay', 0):g}"]
+    decay = (optim_wrapper.get('paramwise_cfg') or {}).get('layer_decay_rate')
+    if decay:
+        parts.append(f'layer decay {decay:g}')
+    if optim_wrapper.get('clip_grad'):
+        parts.append(f"clip {optim_wrapper['clip_grad'].get('max_norm')}")
+    parts.append('AMP fp16' if optim_wrapper.get('type') == 'AmpOptimWrapper' else 'float32')
+    return ', '.join(parts)
+
+
+def own_project_config(config_dir: str, token: str) -> Config:
+    """The Mask R-CNN 1x config of preset ``token``: what the own-project block of that preset copies."""
+    return Config.fromfile(osp.join(config_dir, f'mask_rcnn_{token}_1x.py'))
+
+
+def own_project_block(config_dir: str, token: str) -> str:
+    """The block to paste into an mmdet config for preset ``token``: the imports, the backbone and the optimizer
+    exactly as ``configs/mask_rcnn_{token}_1x.py`` sets them, and the neck's input channels."""
+    cfg = own_project_config(config_dir, token)
+    backbone = dict(_delete_=True, **cfg.model.backbone.to_dict())
+    optim = dict(_delete_=True, **cfg.optim_wrapper.to_dict())
+    channels = list(cfg.model.neck.in_channels)
+    return '\n'.join([
+        "custom_imports = dict(imports=['mmvisatt.models', 'mmvisatt.engine', 'mmvisatt.datasets.transforms'], "
+        'allow_failed_imports=False)',
+        'model = dict(',
+        '    backbone=' + literal(backbone, 4, 13) + ',',
+        f'    # mmdet: FPN; mmseg UperNet: decode_head=dict(in_channels={channels}), '
+        f'auxiliary_head=dict(in_channels={channels[2]})',
+        f'    neck=dict(in_channels={channels}))',
+        'optim_wrapper = ' + literal(optim, 0, 16)])
+
+
 def own_project_page(config_dir: str) -> str:
-    """docs/own_project.md: per backbone class, a block to paste into a config of an outside mmdet or mmseg project
-    (the imports, the backbone, the channels its neck or decode head takes) and every preset's arguments, from the
-    presets in ``config_dir``; then what the stock ``tools/train.py`` lacks beside this package's."""
+    """docs/own_project.md: what the package needs beside a project's own mmdet / mmseg; per backbone class the
+    block to paste (the backbone and the optimizer of the preset's shipped Mask R-CNN 1x config, the neck's
+    channels, the imports) and every preset's values with the licence of its weights; then what the stock
+    ``tools/train.py`` lacks beside this package's."""
+    from .stack import STACK_NAMES, STACKS
     presets = {token: _preset(config_dir, token).preset for token in backbone_tokens(config_dir)}
     by_class: Dict[str, List[str]] = {}
     for token, preset in presets.items():
         by_class.setdefault(preset.backbone.type, []).append(token)
-    imports = ("custom_imports = dict(imports=['mmvisatt.models', 'mmvisatt.engine', 'mmvisatt.datasets.transforms'], "
-               'allow_failed_imports=False)')
+    names = ('mmcv', 'mmengine', 'mmdet', 'mmseg', 'mmpretrain')
     lines = ['# The backbones in your own mmdet or mmseg project', '',
-             '<!-- Written by tools/misc/generate_configs.py from the presets in configs/_base_/backbones/: edit '
-             'those, not this. -->', '',
-             'With this package installed (`pip install -e .` in its checkout, beside mmdet / mmseg: '
-             '[getting_started.md](getting_started.md#1-install)), a config of your own project uses a backbone by '
-             'its registered name: paste the block of its class over your model, set the neck\'s (or, for mmseg\'s '
-             "UperNet, the decode head's) input channels to the preset's, and keep the rest of your config. "
-             '`custom_imports` registers the backbones, the safe checkpoint loader with its hooks and the pipelines\' '
-             '`LoadCheckedImageFromFile`. The checkpoint is the preset\'s ImageNet file ([weights.md](weights.md)).',
-             '']
+             '<!-- Written by tools/misc/generate_configs.py from the presets and configs in configs/: edit those, '
+             'not this. -->', '',
+             '## What your environment needs', '',
+             f'- **torch {TORCH_MIN} or newer.** Every checkpoint is read with `torch.load(weights_only=True)`, whose '
+             f'loader could run code from a file before torch {TORCH_MIN} (CVE-2025-32434). The tests run on torch '
+             f'{TORCH_TESTED}; {TORCH_MIN} to {TORCH_TESTED} are accepted, and the releases between were not '
+             'tested.',
+             f'- **Upgrade torch before installing this package.** With an older torch, `pip install -e .` installs '
+             f'a torch >= {TORCH_MIN} from PyPI under the mmcv you built for the old one, whose compiled ops then '
+             "fail to load. Install your CUDA's torch build first (pytorch.org), rebuild mmcv for it "
+             '(`MMVISATT_VENV=none bash tools/setup_env.sh --user --plan` says what it would do and stops on what '
+             'would fail), then `pip install -e .` in the checkout: it names no OpenMMLab distribution and replaces '
+             'nothing of your stack.',
+             '- **One of two stacks, in these ranges** (`mmvisatt/stack.py`; `tools/check_install.py` names what '
+             'is outside them):', '',
+             '| library | ' + ' | '.join(STACK_NAMES[k] for k in STACKS) + ' |',
+             '|---|' + '---|' * len(STACKS)]
+    for name in names:
+        lines.append(f'| {name} | ' + ' | '.join(f'`{STACKS[k][name].requirement()}`' for k in STACKS) + ' |')
+    lines += ['',
+              "- **What the imports change.** `custom_imports` registers the backbones in mmengine's root registry, "
+              "the pipelines' `LoadCheckedImageFromFile` and the hooks below; importing `mmvisatt.engine` also "
+              "makes this package's safe loader mmengine's checkpoint loader for local files and URLs, in the whole "
+              'process: every `load_checkpoint`, your own models\' too, then refuses a file that holds more than '
+              'tensors and plain data, with its path and the reason.', '',
+              '## The blocks', '',
+              'A config of your own project uses a backbone by its registered name. Paste the block of its class '
+              'over your model: it sets the backbone and the optimizer as the preset\'s Mask R-CNN 1x config in '
+              '`configs/` does (drop path, SyncBN, the checkpoint and its key, the optimizer with its '
+              'parameter-wise rules and the precision), and the neck\'s (or UperNet\'s) input channels. Keep your '
+              'data, schedule and heads. The other recipes (3x, Cascade, RetinaNet, UperNet) set other values: '
+              'their configs in `configs/` and [recipes.md](recipes.md) have them. The weights are the authors\', '
+              'under the licence each row names ([weights.md](weights.md)).', '']
     for cls, tokens in by_class.items():
         # the tiny preset where there is one (the one to try first)
         example = next((t for t in tokens if t.endswith('_t')), tokens[0])
-        first = presets[example]
-        backbone = dict(_delete_=True, **{k: v for k, v in first.backbone.items() if k != 'init_cfg'},
-                        init_cfg=dict(type='Pretrained', checkpoint=_preset(config_dir, example).pretrained))
-        channels = list(first.channels)
-        lines += [f'## {cls}', '', f"{', '.join(presets[t].name for t in tokens)}. The block for {first.name}:", '',
-                  '```python', imports, 'model = dict(',
-                  '    backbone=' + literal(backbone, 4, 13) + ',',
-                  f'    # mmdet: FPN; mmseg UperNet: decode_head=dict(in_channels={channels}), '
-                  f'auxiliary_head=dict(in_channels={channels[2]})',
-                  f'    neck=dict(in_channels={channels}))', '```', '',
-                  '| preset | backbone arguments | neck in_channels |', '|---|---|---|']
+        lines += [f'## {cls}', '', f"{', '.join(presets[t].name for t in tokens)}. The block for "
+                  f'{presets[example].name} (`configs/mask_rcnn_{example}_1x.py`):', '',
+                  '```python', own_project_block(config_dir, example), '```', '',
+                  '| preset | backbone arguments | optimizer | neck in_channels | licence of the weights |',
+                  '|---|---|---|---|---|']
         for token in tokens:
-            preset = presets[token]
-            arguments = ', '.join(f'{k}={v!r}' for k, v in preset.backbone.items() if k not in ('type', 'init_cfg'))
-            lines.append(f'| {preset.name} (`{token}`) | `{arguments}` | `{list(preset.channels)}` |')
+            cfg = own_project_config(config_dir, token)
+            arguments = ', '.join(f'{k}={v!r}' for k, v in cfg.model.backbone.items() if k not in ('type', 'init_cfg'))
+            released = not _preset(config_dir, token).pretrained_source.startswith('no ')
+            licence = weight_licence(token).split(' (')[0] if released else 'none released'
+            lines.append(f'| {presets[token].name} (`{token}`) | `{arguments}` | '
+                         f'{_optimizer_summary(cfg.optim_wrapper)} | `{list(cfg.model.neck.in_channels)}` | '
+                         f'{licence} |')
         memory = _memory_settings_lines(tokens, presets)
         lines += ['', *memory, ''] if memory else ['']
     lines += ['## What the stock tools/train.py lacks', '',
@@ -296,12 +359,24 @@ def own_project_page(config_dir: str) -> str:
               'before the Runner is built, the pre-flight (the config, the data and the checkpoints checked, each '
               'problem named with its fix: [reliability.md](reliability.md)) and `--demo`; and, in the Runner, '
               'checkpoints written atomically with the RNG states of every rank, so that `--resume` continues '
-              'exactly, inside an epoch too (`AtomicCheckpointHook`, `ExactResumeHook`), a check of the neck\'s '
-              'channels against the backbone\'s outputs at the first iteration (`ChannelCheckHook`) and the CPU '
-              'fallbacks of SyncBN and fp16. With the stock tools, add the hooks to your config:', '',
+              'exactly (`AtomicCheckpointHook`, `ExactResumeHook`), a check of the neck\'s channels against the '
+              'backbone\'s outputs at the first iteration (`ChannelCheckHook`) and the CPU fallbacks of SyncBN and '
+              'fp16. With the stock tools, add the hooks to your config, with the interval of its loop:', '',
               '```python',
-              "default_hooks = dict(checkpoint=dict(type='AtomicCheckpointHook', interval=1))",
+              '# epoch-based (mmdet): a checkpoint every epoch',
+              "default_hooks = dict(checkpoint=dict(type='AtomicCheckpointHook', interval=1, max_keep_ckpts=3))",
+              '# iteration-based (mmseg): every 16,000 iterations, as its 160k schedules',
+              "default_hooks = dict(checkpoint=dict(type='AtomicCheckpointHook', by_epoch=False, interval=16000, "
+              'max_keep_ckpts=3))',
               "custom_hooks = [dict(type='ExactResumeHook'), dict(type='ChannelCheckHook')]",
+              '```', '',
+              '`max_keep_ckpts` keeps the newest three (each Mask R-CNN checkpoint, with its optimizer state, is a few '
+              'hundred MB). To resume inside an epoch too, an epoch-based config also needs the loop that can '
+              'start an epoch at its next batch, and the hook saving inside epochs:', '',
+              '```python',
+              "train_cfg = dict(type='ResumableEpochBasedTrainLoop', max_epochs=12, val_interval=1)",
+              "default_hooks = dict(checkpoint=dict(type='AtomicCheckpointHook', interval=1, mid_epoch_interval=2000, "
+              'mid_epoch_max_keep=2))',
               '```', '']
     return '\n'.join(lines)
 
@@ -314,7 +389,8 @@ _FAMILY_USE = {
     'fan': 'Robustness to corruptions (ImageNet-C, COCO-C): channel attention after token attention; the Hybrid '
            'forms (a ConvNeXt stem) are the ones with official detection and segmentation numbers.',
     'rmt': 'the strongest reported COCO and ADE20K numbers here: attention with a Manhattan-distance spatial decay, '
-           'decomposed along the axes in the early stages.',
+           'decomposed along the axes in the early stages. Its ImageNet weights are on Baidu Pan only (a browser and '
+           'a Baidu account; weights.md).',
     'evt': 'RMT\'s decay with Euclidean distance and 1-D token groups; built from the paper (no released code or '
            'weights: ImageNet pre-training first).',
     'shunted': 'several key/value resolutions in one attention layer, for objects of many sizes; cheap in memory.',

@@ -110,24 +110,45 @@ def test_a_url_init_cfg_is_downloaded_once_converted_and_reported(served_backbon
 
 
 def test_the_own_project_page_is_generated_and_its_blocks_build_what_they_say():
-    """docs/own_project.md: each class's block, pasted into a config, builds the backbone (on the meta device, no
-    weights), and its outputs have the channels the block gives the neck."""
-    from mmvisatt.metafiles import own_project_page
+    """docs/own_project.md: each class's block, pasted over a Mask R-CNN of an outside project, builds the backbone
+    and optimizer of the preset's shipped Mask R-CNN 1x config, its outputs have the channels the block gives the
+    neck, and the detector trains a step with that optimizer."""
+    from mmdet.registry import MODELS as DET_MODELS
+    from mmdet.testing import demo_mm_inputs
+    from mmdet.utils import register_all_modules
+    from mmengine.optim import build_optim_wrapper
+    from mmvisatt.metafiles import own_project_config, own_project_page
     import mmvisatt.models  # noqa: F401  (registers the backbones)
+    register_all_modules()
     with open(osp.join(REPO, 'docs', 'own_project.md')) as f:
         text = f.read()
     assert text == own_project_page(CONFIGS), 'run tools/misc/generate_configs.py'
+    assert 'torch 2.6 or newer' in text and 'CVE-2025-32434' in text and '`mmdet>=3.3.0,<3.4.0`' in text
     blocks = re.findall(r'```python\n(custom_imports.*?)```', text, re.S)
+    tokens = re.findall(r'The block for .*? \(`configs/mask_rcnn_(\w+)_1x\.py`\)', text)
     # ReViT, ReSwinTransformer, ReMViTv2, FANViT, FANHybrid, FANSwin, RMT, EVT, ShuntedTransformer
-    assert len(blocks) == 9
-    for block in blocks:
-        cfg = Config.fromstring(block, '.py')
+    assert len(blocks) == len(tokens) == 9
+    base = osp.join(CONFIGS, '_base_', 'models', 'mask_rcnn_fpn.py')
+    for block, token in zip(blocks, tokens):
+        cfg = Config.fromstring(f'_base_ = [{base!r}]\n' + block, '.py')
+        shipped = own_project_config(CONFIGS, token)
         assert cfg.custom_imports.imports == ['mmvisatt.models', 'mmvisatt.engine', 'mmvisatt.datasets.transforms']
-        backbone = dict(cfg.model.backbone, init_cfg=None)
-        backbone.pop('_delete_')
+        pasted = {k: cfg[k].to_dict() for k in ('model', 'optim_wrapper')}
+        assert pasted['model']['backbone'].pop('_delete_') and pasted['optim_wrapper'].pop('_delete_')
+        assert pasted['model']['backbone'] == shipped.model.backbone.to_dict(), token
+        assert pasted['optim_wrapper'] == shipped.optim_wrapper.to_dict(), token
+        backbone = dict(pasted['model']['backbone'], init_cfg=None)
         if backbone.get('norm_cfg', {}).get('type') == 'SyncBN':
             backbone['norm_cfg'] = dict(backbone['norm_cfg'], type='BN')  # one process, no process group
         with torch.device('meta'):
-            model = MODELS.build(backbone)
-            outputs = model(torch.empty(1, 3, 224, 224))
-        assert [o.shape[1] for o in outputs] == cfg.model.neck.in_channels, backbone['type']
+            outputs = MODELS.build(backbone)(torch.empty(1, 3, 224, 224))
+        assert [o.shape[1] for o in outputs] == cfg.model.neck.in_channels, token
+        # the whole detector with the block's optimizer trains a step (AMP needs a GPU: float32 here)
+        torch.manual_seed(0)
+        model = DET_MODELS.build(dict(cfg.model, backbone=backbone))
+        optim = dict(pasted['optim_wrapper'], **({} if torch.cuda.is_available() else dict(type='OptimWrapper')))
+        optim_wrapper = build_optim_wrapper(model, optim)
+        data = demo_mm_inputs(batch_size=1, image_shapes=[(3, 128, 128)], num_items=[2], num_classes=80,
+                              with_mask=True)
+        losses = model.train_step(data, optim_wrapper)
+        assert all(torch.isfinite(v).all() for v in losses.values()), token
