@@ -63,3 +63,23 @@ def test_dist_train_two_processes_gloo(tiny_det_config, tmp_path, python):
     assert ids == [_expected_sample_ids(tiny_det_config, r) for r in range(WORLD)]
     # different data on each rank, yet the same weights at the end: gradients were averaged across processes
     assert traces[0]['param_sha256'] == traces[1]['param_sha256']
+
+
+def test_slurm_test_launches_test_py_on_every_task(tmp_path):
+    """``tools/slurm_test.sh``: one srun of tools/test.py per GPU with the slurm launcher, as slurm_train.sh does
+    for training (srun is a stand-in here that prints what it was asked to run)."""
+    fake = tmp_path / 'bin'
+    fake.mkdir()
+    (fake / 'srun').write_text('#!/bin/sh\nprintf "%s\\n" "$@"\n')
+    (fake / 'srun').chmod(0o755)
+    env = dict(os.environ, PATH=f"{fake}:{os.environ['PATH']}", GPUS='4')
+    run = subprocess.run(['bash', os.path.join(REPO, 'tools', 'slurm_test.sh'), 'gpu', 'test-job',
+                          'configs/mask_rcnn_reswin_t_3x.py', 'work_dirs/reswin/epoch_36.pth', '--show-dir', 'vis'],
+                         env=env, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    args = run.stdout.split('\n')
+    assert args[:2] == ['-p', 'gpu'] and '--job-name=test-job' in args and '--ntasks=4' in args
+    assert '--gres=gpu:4' in args and '--ntasks-per-node=4' in args
+    i = args.index('-u')
+    assert args[i + 1].endswith('tools/test.py') and args[i + 2:i + 7] == [
+        'configs/mask_rcnn_reswin_t_3x.py', 'work_dirs/reswin/epoch_36.pth', '--launcher=slurm', '--show-dir', 'vis']
