@@ -129,7 +129,8 @@ def _explicit_reswin(model: ReSwinTransformer, images: torch.Tensor) -> Tuple[to
     x = model.patch_embed(images)
     residual: Optional[WindowScores] = None
     for stage in model.stages:
-        x = stage.downsample(x)
+        if stage.downsample is not None:
+            x = stage.downsample(x)
         for block in stage.blocks:
             attn = block.attn
             B, H, W, C = x.shape

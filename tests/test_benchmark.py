@@ -292,7 +292,7 @@ def test_unknown_backbone_lists_the_choices():
 
 def test_presets_resolve_without_pretraining_or_syncbn():
     resolved = resolve(ModelSpec('fan_hybrid_t'), with_cp=True)
-    assert resolved.is_backbone and resolved.cfg['type'] == 'FAN' and resolved.cfg['arch'] == 'hybrid_t'
+    assert resolved.is_backbone and resolved.cfg['type'] == 'FANHybrid' and resolved.cfg['arch'] == 'hybrid_t'
     assert resolved.cfg['init_cfg'] is None and resolved.cfg['norm_cfg']['type'] == 'BN'
     assert resolved.cfg['with_cp'] is True
 

@@ -95,3 +95,33 @@ def test_every_launch_on_other_than_8_gpus_scales_the_lr():
                 if gpus != 8 and '--demo' not in command and '--auto-scale-lr' not in command:
                     wrong.append(f'{osp.relpath(page, REPO)}: {command.strip()} ({gpus} GPUs)')
     assert seen >= 5 and not wrong, wrong
+
+
+def test_the_demo_figures_on_the_pages_are_the_recorded_run():
+    """README.md and docs/getting_started.md state the figures of one ``make demo`` run, which
+    ``tools/misc/record_demo.py`` wrote into docs/demo_run.json with its version, commit, date and machine: the
+    getting-started block is that file rendered, and every figure the README's quick start states is one of it."""
+    import importlib.util
+    import json
+    spec = importlib.util.spec_from_file_location('record_demo', osp.join(REPO, 'tools', 'misc', 'record_demo.py'))
+    record_demo = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(record_demo)
+    with open(osp.join(REPO, 'docs', 'demo_run.json')) as f:
+        record = json.load(f)
+    assert record['version'] and record['commit'] and record['date'] and record['machine']['cpu']
+    with open(osp.join(REPO, 'docs', 'getting_started.md')) as f:
+        page = f.read()
+    block = page.split(record_demo.BEGIN, 1)[1].split(record_demo.END, 1)[0]
+    assert record_demo.BEGIN + block + record_demo.END == record_demo.markdown(record), \
+        'run python tools/misc/record_demo.py --markdown docs/getting_started.md'
+    held = set()
+    for stage in ('pretrain', 'detection'):
+        for when in ('first', 'last'):
+            for name, value in record[stage][when]['metrics'].items():
+                held |= {f'{value:.3f}', f'{value:.4f}', f'{value:.1f}%'}
+    with open(osp.join(REPO, 'README.md')) as f:
+        readme = f.read()
+    quick_start = readme.split('## Quick start', 1)[1].split('\n## ', 1)[0]
+    stated = re.findall(r'(?<![\d.])(?:0\.\d{3,4}|\d{1,2}\.\d%)(?![\d])', quick_start)
+    assert {'0.077', '0.097', '0.0770', '0.0970'} & set(stated), stated
+    assert set(stated) <= held | {'0.03'}, sorted(set(stated) - held)
