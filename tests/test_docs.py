@@ -125,3 +125,5 @@ def test_the_demo_figures_on_the_pages_are_the_recorded_run():
     stated = re.findall(r'(?<![\d.])(?:0\.\d{3,4}|\d{1,2}\.\d%)(?![\d])', quick_start)
     assert {'0.077', '0.097', '0.0770', '0.0970'} & set(stated), stated
     assert set(stated) <= held | {'0.03'}, sorted(set(stated) - held)
+    # the curves' caption dates the same run
+    assert f"Run of {record['date']} (mmvisatt {record['version']} at {record['commit']})" in quick_start

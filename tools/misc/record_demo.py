@@ -27,14 +27,22 @@ STAMP = re.compile(r'^(\d{4}/\d{2}/\d{2} \d{2}:\d{2}:\d{2}) - ')
 
 
 def _cpu_model() -> str:
+    """The CPU's model name, with its clock where the name leaves it out (some virtual machines do)."""
+    name, mhz = None, None
     try:
         with open('/proc/cpuinfo') as f:
             for line in f:
-                if line.startswith('model name'):
-                    return line.split(':', 1)[1].strip()
-    except OSError:
+                key, _, value = line.partition(':')
+                if key.strip() == 'model name' and name is None:
+                    name = value.strip()
+                elif key.strip() == 'cpu MHz' and mhz is None:
+                    mhz = float(value)
+    except (OSError, ValueError):
         pass
-    return platform.processor() or platform.machine()
+    name = name or platform.processor() or platform.machine()
+    if mhz and 'Hz' not in name:
+        name += f' @ {mhz / 1000:.2f}GHz'
+    return name
 
 
 def machine() -> Dict[str, object]:
