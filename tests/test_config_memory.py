@@ -3,6 +3,7 @@ float32 and AMP, the training sizes, the calibration against the published OpenM
 against the whole step on the CPU, the generated table (a row for every dense config at its current model, batch and
 precision, none over 80 GB) and the pre-flight's warning from it."""
 import json
+import re
 import os.path as osp
 
 import pytest
@@ -274,3 +275,32 @@ def test_a_pipeline_the_walker_cannot_read_is_estimated_at_the_rows_size(table):
     cfg.train_dataloader.dataset.pipeline[2] = dict(type='Resize', scale='as large as it gets')
     _, shape, _ = memory.estimate_per_gpu(cfg, table['rows'][name])
     assert shape == tuple(table['rows'][name]['shape'])
+
+
+def test_the_memory_figures_written_in_the_prose_are_rows_of_the_table(table):
+    """The sentences of docs/benchmarks.md's memory section state figures of docs/config_memory.json (per-GPU bytes
+    of rows, of rows without their memory settings or at their recipe's layout, the directly measured batch): a
+    figure the table does not hold fails, so the prose cannot drift from a re-measured table."""
+    with open(osp.join(REPO, 'docs', 'benchmarks.md')) as f:
+        page = f.read()
+    section = page.split('## Memory per GPU', 1)[1].split('\n## ', 1)[0]
+    prose = re.sub(r'<!-- (config-memory|calibration): begin -->.*?<!-- \1: end -->', '', section, flags=re.S)
+    rows = table['rows'].values()
+    held, checks = set(), [r['check'] for r in rows if 'check' in r]
+    for row in rows:
+        for part in (row, row.get('without') or {}, row.get('at_recipe_layout') or {}):
+            if 'per_gpu' in part:
+                held.add(f"{part['per_gpu'] / 1e9:.1f}")
+    for check in checks:
+        held |= {f"{check['measured'] / 1e9:.1f}", f"{check['formula'] / 1e9:.1f}",
+                 f"{(check['formula'] - check['measured']) / 1e9:.1f}"}
+    stated = [n for group in re.findall(r'((?:\d+\.\d+(?:, | and |-))*\d+\.\d+)\s+GB\b', prose)
+              for n in re.findall(r'\d+\.\d+', group)]
+    assert len(stated) > 20, stated
+    assert set(stated) <= held, sorted(set(stated) - held)
+    amp = sum(bool(r['amp']) for r in rows)
+    assert f'Every dense config ({len(table["rows"])}:' in prose
+    assert f'fp16 AMP for\n{amp} configs' in prose or f'fp16 AMP for {amp} configs' in prose
+    assert f'float32 for {len(table["rows"]) - amp}' in prose
+    for check in checks:
+        assert f"{check['formula'] / check['measured']:.2f} times it" in prose
