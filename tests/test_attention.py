@@ -10,7 +10,7 @@ from mmvisatt.models.layers.attention import attention, resolve_fused_attn
 TWO_PATHS = {
     'RMT': dict(embed_dims=(16, 32, 64), depths=(1, 1, 1), num_heads=(2, 2, 4)),
     'EVT': dict(embed_dims=(16, 32, 64), depths=(2, 1, 1), num_heads=(2, 2, 4)),
-    'FAN': dict(form='vit', embed_dims=32, depth=2, num_heads=2),
+    'FANViT': dict(form='vit', embed_dims=32, depth=2, num_heads=2),
     'ShuntedTransformer': dict(embed_dims=(16, 32, 32, 64), depths=(1, 1, 1, 1), num_heads=(2, 2, 2, 4),
                                mlp_ratios=(2, 2, 2, 2), sr_ratios=(8, 4, 2, 1)),
     'ReSwinTransformer': dict(embed_dims=16, depths=(2, 2, 2, 2), num_heads=(1, 2, 4, 8)),

@@ -463,7 +463,7 @@ def test_gpu_check_script_runs_on_the_cpu(tmp_path):
     assert (tmp_path / 'benchmark.md').read_text().count('| `') == 12
     beside = json.loads((tmp_path / 'roofline_beside.json').read_text())
     assert len(beside) == 12 and all(row['measured_ms'] > 0 and row['estimate_ms'] > 0 for row in beside)
-    assert 'test_cuda_equals_cpu_t_preset[FAN-vit_t]' in (tmp_path / 'cuda_tests_first.xml').read_text()
+    assert 'test_cuda_equals_cpu_t_preset[FANViT-vit_t]' in (tmp_path / 'cuda_tests_first.xml').read_text()
     decay = json.loads((tmp_path / 'decay_attention.json').read_text())
     assert {row['way'] for row in decay['rows']} == {'mask + sdpa', 'flex score_mod'} and len(decay['rows']) == 6
     assert all(row['relative_difference'] < 1e-5 for row in decay['rows'])

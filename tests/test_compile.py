@@ -12,7 +12,7 @@ import os
 import pytest
 import torch
 
-from mmvisatt.models.backbones import EVT, FAN, RMT, ReMViTv2, ReSwinTransformer, ReViT, ShuntedTransformer
+from mmvisatt.models.backbones import EVT, FANHybrid, RMT, ReMViTv2, ReSwinTransformer, ReViT, ShuntedTransformer
 
 TINY = {
     'ReViT': (ReViT, dict(arch=dict(embed_dims=32, depth=3, num_heads=4), img_size=64)),
@@ -28,8 +28,8 @@ TINY = {
     'ShuntedTransformer': (ShuntedTransformer, dict(arch=dict(embed_dims=(16, 32, 32, 64), depths=(1, 1, 1, 1),
                                                               num_heads=(2, 2, 2, 4), mlp_ratios=(2, 2, 2, 2),
                                                               sr_ratios=(8, 4, 2, 1)))),
-    'FAN': (FAN, dict(arch=dict(form='hybrid', embed_dims=32, depth=3, num_heads=2, stem_depths=(1, 1),
-                                stem_dims=(16, 24), out_block=1, down_channels=40))),
+    'FANHybrid': (FANHybrid, dict(arch=dict(form='hybrid', embed_dims=32, depth=3, num_heads=2, stem_depths=(1, 1),
+                                            stem_dims=(16, 24), out_block=1, down_channels=40))),
 }
 
 

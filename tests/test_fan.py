@@ -12,6 +12,7 @@ from timm.layers import LayerNorm2d
 
 from mmvisatt.checkpoint import (CheckpointMismatchError, convert_checkpoint_file, convert_state_dict,
                                  load_pretrained)
+from mmvisatt.models.backbones import FANHybrid, FANSwin, FANViT
 from mmvisatt.models.backbones.fan import FAN, FANBase, FourierPositionEncoding
 from mmvisatt.models.backbones.fan_hybrid import UnbiasedLayerNorm2d
 from mmvisatt.models.layers.attention import attention
@@ -32,6 +33,12 @@ FIXTURE = {
                          stem_dims=(32, 64)),
     'fan_swin_a': dict(form='swin', embed_dims=24, depths=(1, 1, 2, 1), num_heads=(2, 4, 8, 16)),
 }
+
+
+def _fan(arch, **kwargs) -> FANBase:
+    """The FAN form class ``arch`` names, built (what a config's type='FANViT' / 'FANHybrid' / 'FANSwin' does)."""
+    form = FANBase._resolve_form(arch, None)['form']
+    return dict(vit=FANViT, hybrid=FANHybrid, swin=FANSwin)[form](arch=arch, **kwargs)
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -70,10 +77,10 @@ def test_classifier_parameter_counts_match_official(preset):
     with torch.device('meta'):
         if preset.startswith('swin'):
             # norm3 is the official final norm; the other output norms are dense-task extras
-            backbone = FAN(arch=f'fan_{preset}', out_indices=(3, ))
+            backbone = FANSwin(arch=f'fan_{preset}', out_indices=(3, ))
         else:
-            backbone = FAN(arch=f'fan_{preset}', classifier=True, out_norms=False,
-                           out_indices=(0, 1, 2) if preset.startswith('hybrid') else (2, ))
+            backbone = _fan(f'fan_{preset}', classifier=True, out_norms=False,
+                            out_indices=(0, 1, 2) if preset.startswith('hybrid') else (2, ))
         head = nn.Linear(backbone.num_features[-1] if preset.startswith('swin') else backbone.arch['embed_dims'],
                          1000)
     assert _count(backbone) + _count(head) == counts['num_params']
@@ -92,7 +99,7 @@ def test_classifier_parameter_counts_match_official(preset):
 def test_detection_backbone_parameter_counts_match_official(preset):
     counts = json.loads((DATA / 'param_counts.json').read_text())['detection_backbones'][DETECTION_NAMES[preset]]
     with torch.device('meta'):
-        backbone = FAN(arch=preset, out_norms=False)
+        backbone = _fan(preset, out_norms=False)
     assert _count(backbone) == counts['num_params']
     assert len(backbone.state_dict()) == counts['state_dict_keys']
     assert backbone.out_block == counts['out_index']
@@ -114,7 +121,7 @@ def test_arch_names_and_form_argument():
     with pytest.raises(ValueError, match=r"needs \['stem_depths', 'stem_dims'\]"):
         FAN(arch=dict(form='hybrid', embed_dims=32, depth=2, num_heads=2))
     with pytest.raises(ValueError, match='out_indices'):
-        FAN(arch=TINY['vit'], out_indices=(4, ))
+        _fan(TINY['vit'], out_indices=(4, ))
 
 
 # ------------------------------------------------------------------------------------------- attention
@@ -182,9 +189,10 @@ def test_fused_attention_equals_explicit_in_float64():
 @pytest.mark.parametrize('form', sorted(TINY))
 def test_fused_and_explicit_backbones_agree(form):
     torch.manual_seed(0)
-    fused = FAN(arch=TINY[form], classifier=form != 'swin', drop_path_rate=0.).double().eval()
+    head = {} if form == 'swin' else dict(classifier=True)  # the token forms' class-attention head too
+    fused = _fan(TINY[form], drop_path_rate=0., **head).double().eval()
     fused.init_weights()
-    explicit = FAN(arch=TINY[form], classifier=form != 'swin', drop_path_rate=0., fused_attn=False).double().eval()
+    explicit = _fan(TINY[form], drop_path_rate=0., fused_attn=False, **head).double().eval()
     explicit.load_state_dict(fused.state_dict())
     x = torch.randn(1, 3, 75, 90, dtype=torch.float64)
     with torch.no_grad():
@@ -195,14 +203,14 @@ def test_fused_and_explicit_backbones_agree(form):
 
 # ----------------------------------------------------------------------------------------- input sizes
 def test_num_features_per_form():
-    assert FAN(arch=TINY['vit']).num_features == [8, 16, 32, 32]
-    assert FAN(arch=TINY['hybrid']).num_features == [16, 24, 32, 40]
-    assert FAN(arch=TINY['swin']).num_features == [16, 32, 64, 128]
+    assert _fan(TINY['vit']).num_features == [8, 16, 32, 32]
+    assert _fan(TINY['hybrid']).num_features == [16, 24, 32, 40]
+    assert _fan(TINY['swin']).num_features == [16, 32, 64, 128]
 
 
 def test_hybrid_dense_outputs_feed_a_standard_fpn():
     fpn_module = importlib.import_module('mmdet.models.necks')
-    model = FAN(arch=TINY['hybrid']).eval()
+    model = _fan(TINY['hybrid']).eval()
     fpn = fpn_module.FPN(in_channels=model.num_features, out_channels=16, num_outs=5)
     with torch.no_grad():
         outs = fpn(model(torch.randn(1, 3, 96, 160)))
@@ -214,8 +222,8 @@ def test_segmentation_layout_ends_at_stride_16():
     patch tokens themselves at stride 16, without the detection layout's stride-32 conv; the other levels and the
     tokens are those of the detection layout with the same weights."""
     torch.manual_seed(0)
-    det = FAN(arch=TINY['hybrid'], out_norms=False).eval()
-    seg = FAN(arch=TINY['hybrid'], out_norms=False, feat_downsample=False).eval()
+    det = _fan(TINY['hybrid'], out_norms=False).eval()
+    seg = _fan(TINY['hybrid'], out_norms=False, feat_downsample=False).eval()
     assert seg.num_features == [16, 24, 32, 32] and seg.strides == (4, 8, 16, 16)
     assert not hasattr(seg, 'downsample')
     assert set(det.state_dict()) - set(seg.state_dict()) == {'downsample.weight', 'downsample.bias'}
@@ -226,24 +234,26 @@ def test_segmentation_layout_ends_at_stride_16():
     assert [tuple(o.shape[1:]) for o in seg_out] == [(16, 25, 38), (24, 13, 19), (32, 7, 10), (32, 7, 10)]
     assert all(torch.equal(a, b) for a, b in zip(det_out[:3], seg_out[:3]))
     assert torch.allclose(det.downsample(seg_out[3]), det_out[3], atol=1e-5)
-    with pytest.raises(ValueError, match='hybrid form only'):
+    with pytest.raises(TypeError, match="unexpected keyword argument 'feat_downsample'"):
+        FANViT(arch=TINY['vit'], feat_downsample=False)
+    with pytest.raises(ValueError, match='hybrid form only'):  # the deprecated builder says which form has it
         FAN(arch=TINY['vit'], feat_downsample=False)
 
 
 def test_bad_inputs_raise():
     for form, smallest in (('vit', 16), ('hybrid', 16), ('swin', 4)):
-        model = FAN(arch=TINY[form]).eval()
+        model = _fan(TINY[form]).eval()
         with pytest.raises(ValueError, match=r'expects images of shape \(B, 3, H, W\).*in_channels=1'):
             model(torch.randn(1, 1, 64, 64))
         with pytest.raises(ValueError, match=f'at least {smallest}x{smallest} pixels'):
             model(torch.randn(1, 3, smallest - 1, 64))
     with pytest.raises(RuntimeError, match='classifier=True'):
-        FAN(arch=TINY['vit']).forward_classifier(torch.randn(1, 3, 32, 32))
+        _fan(TINY['vit']).forward_classifier(torch.randn(1, 3, 32, 32))
 
 
 # --------------------------------------------------------------------------------------------- training
 def test_frozen_stages_and_norm_eval():
-    model = FAN(arch=TINY['hybrid'], frozen_stages=2, norm_eval=True)
+    model = _fan(TINY['hybrid'], frozen_stages=2, norm_eval=True)
     model.train()
     assert not any(p.requires_grad for p in model.patch_embed.parameters())
     assert not any(p.requires_grad for p in model.pos_embed.parameters())
@@ -251,7 +261,7 @@ def test_frozen_stages_and_norm_eval():
     assert all(p.requires_grad for p in model.blocks[2].parameters())
     assert not model.blocks[0].training and model.blocks[2].training
     assert not model.blocks[2].channel_attn.mlp_v.dwconv.bn.training  # norm_eval
-    swin = FAN(arch=TINY['swin'], frozen_stages=1)
+    swin = _fan(TINY['swin'], frozen_stages=1)
     swin.train()
     assert not any(p.requires_grad for p in swin.stages[0].parameters()) and not swin.norm0.weight.requires_grad
     assert all(p.requires_grad for p in swin.stages[1].parameters()) and swin.norm1.training
@@ -269,7 +279,7 @@ def test_layernorm2d_variance_switch():
 
 
 def test_unbiased_stem_norms():
-    official = FAN(arch=TINY['hybrid'])
+    official = _fan(TINY['hybrid'])
     norms = [m for m in official.patch_embed.modules() if isinstance(m, LayerNorm2d)]
     # the stem's norm sees contiguous input officially; every later one took the unbiased fallback
     assert [isinstance(m, UnbiasedLayerNorm2d) for m in norms] == [False] + [True] * (len(norms) - 1)
@@ -325,7 +335,7 @@ def test_fourier_encoding_grid_is_float32_and_frequencies_differ_by_exponent():
 
 # ----------------------------------------------------------------------------------------- checkpoints
 def _pretrained(path, arch, **kwargs) -> FAN:
-    model = FAN(arch=arch, init_cfg=dict(type='Pretrained', checkpoint=str(path)), **kwargs)
+    model = _fan(arch, init_cfg=dict(type='Pretrained', checkpoint=str(path)), **kwargs)
     model.init_weights()
     return model
 
@@ -352,7 +362,7 @@ def test_official_classifier_file_loads_through_init_cfg(tmp_path, wrap):
 
 def test_classifier_checkpoint_into_dense_hybrid_reports_new_keys():
     official = _official('fan_hybrid_a')
-    model = FAN(arch=FIXTURE['fan_hybrid_a'])
+    model = _fan(FIXTURE['fan_hybrid_a'])
     report = load_pretrained(model, {'model': official}, family='fan', allow_missing=model.not_in_pretrained)
     assert report.layout == 'official-fan'
     assert sorted({k.split('.')[0] for k in report.missing}) == ['downsample', 'norm0', 'norm1', 'norm2', 'norm3']
@@ -365,7 +375,7 @@ def test_official_detection_backbone_loads_completely():
     official = _official('fan_det_a')
     arch = dict(form='hybrid', embed_dims=64, depth=3, num_heads=4, stem_depths=(2, 2), stem_dims=(32, 64),
                 out_block=1)
-    model = FAN(arch=arch, out_norms=False, pos_exponent='linear')
+    model = _fan(arch, out_norms=False, pos_exponent='linear')
     report = load_pretrained(model, official, family='fan', allow_missing=())
     assert not report.missing and not report.unexpected
     assert torch.equal(model.downsample.weight, official['learnable_downsample.weight'])

@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from mmvisatt.models.backbones.fan import FAN
+from mmvisatt.models.backbones import FANHybrid, FANSwin, FANViT
+
+FORM_CLASSES = dict(vit=FANViT, hybrid=FANHybrid, swin=FANSwin)
 
 REPO = Path(__file__).parents[1]
 DATA = REPO / 'tests' / 'data' / 'parity' / 'fan'
@@ -23,14 +25,14 @@ def _classifier_backbone(meta: dict) -> dict:
     if meta['official_class'] == 'SwinTransformer':
         arch = dict(form='swin', embed_dims=kw['embed_dim'], depths=kw['depths'], num_heads=kw['num_heads'],
                     channel_attn=[t != 'Mlp' for t in kw['mlp_type']])
-        return dict(type='FAN', arch=arch, out_type='avg_featmap', window_size=kw['window_size'],
+        return dict(type='FANSwin', arch=arch, out_type='avg_featmap', window_size=kw['window_size'],
                     patch_size=kw['patch_size'])
     arch = dict(form='vit', embed_dims=kw['embed_dim'], depth=kw['depth'], num_heads=kw['num_heads'])
     if 'backbone' in kw:
         stem = kw['backbone']['kwargs']
         arch.update(form='hybrid', stem_depths=stem['depths'], stem_dims=stem['dims'])
-    return dict(type='FAN', arch=arch, out_type='cls_token', cls_tokens_norm=kw['tokens_norm'], eta=kw['eta'],
-                cls_attn_layers=kw['cls_attn_layers'])
+    return dict(type=FORM_CLASSES[arch['form']].__name__, arch=arch, out_type='cls_token',
+                cls_tokens_norm=kw['tokens_norm'], eta=kw['eta'], cls_attn_layers=kw['cls_attn_layers'])
 
 
 def _head_channels(meta: dict) -> int:
@@ -87,7 +89,8 @@ TINY = {
 def test_classifier_out_type_builds_only_the_official_classifier(form, out_type):
     """The dense extras (pyramid, stride-32 conv, output norms but Swin's final one) are not built even with the
     dense defaults of out_indices / out_norms, so no parameter stays without a gradient."""
-    model = FAN(arch=TINY[form], out_type=out_type, out_indices=(0, 1, 2, 3), out_norms=True, drop_path_rate=0.)
+    model = FORM_CLASSES[form](arch=TINY[form], out_type=out_type, out_indices=(0, 1, 2, 3), out_norms=True,
+                               drop_path_rate=0.)
     names = {n.split('.')[0] for n, _ in model.named_parameters()}
     assert not names & {'pyramid', 'downsample', 'norm0', 'norm1', 'norm2'}
     assert ('norm3' in names) == (form == 'swin') and ('cls_norm' in names) == (form != 'swin')
@@ -102,11 +105,11 @@ def test_classifier_out_type_builds_only_the_official_classifier(form, out_type)
 
 def test_out_type_must_fit_the_form():
     with pytest.raises(ValueError, match="out_type 'avg_featmap' is not available for a vit FAN"):
-        FAN(arch=TINY['vit'], out_type='avg_featmap')
+        FANViT(arch=TINY['vit'], out_type='avg_featmap')
     with pytest.raises(ValueError, match="choose one of \\('featmap', 'avg_featmap'\\)"):
-        FAN(arch=TINY['swin'], out_type='cls_token')
+        FANSwin(arch=TINY['swin'], out_type='cls_token')
     with pytest.raises(RuntimeError, match='needs norm3'):
-        FAN(arch=TINY['swin'], out_indices=(1, 2)).forward_classifier(torch.randn(1, 3, 32, 32))
+        FANSwin(arch=TINY['swin'], out_indices=(1, 2)).forward_classifier(torch.randn(1, 3, 32, 32))
 
 
 # preset -> (official factory, head in_channels); the in_channels are what the imagenet_fan_* configs need
@@ -128,7 +131,8 @@ def test_preset_classifiers_have_the_official_parameter_count(preset):
     from mmengine.registry import DefaultScope
     out_type = 'avg_featmap' if preset.startswith('swin') else 'cls_token'
     with torch.device('meta'), DefaultScope.overwrite_default_scope('mmpretrain'):
+        backbone = dict(type=FORM_CLASSES[preset.split('_')[0]].__name__, arch=preset, out_type=out_type)
         model = registry.MODELS.build(dict(
-            type='ImageClassifier', backbone=dict(type='FAN', arch=preset, out_type=out_type), neck=None,
+            type='ImageClassifier', backbone=backbone, neck=None,
             head=dict(type='LinearClsHead', num_classes=1000, in_channels=channels)))
     assert sum(p.numel() for p in model.parameters()) == counts['num_params']

@@ -14,7 +14,9 @@ from mmengine.registry import DefaultScope
 from mmvisatt.engine.entrypoints import resolve_amp
 from mmvisatt.engine.optimizers import LayerDecayOptimWrapperConstructor
 from mmvisatt.models.backbones.evt import EVT
-from mmvisatt.models.backbones.fan import FAN
+from mmvisatt.models.backbones.fan_hybrid import FANHybrid
+from mmvisatt.models.backbones.fan_swin import FANSwin
+from mmvisatt.models.backbones.fan_vit import FANViT
 from mmvisatt.models.backbones import ReMViTv2, ReSwinTransformer, ReViT
 from mmvisatt.models.backbones.rmt import RMT
 from mmvisatt.models.backbones.shunted import ShuntedTransformer
@@ -26,11 +28,14 @@ FAMILIES = {
     'revit': lambda: ReViT(arch=dict(embed_dims=32, depth=3, num_heads=4)),
     'reswin': lambda: ReSwinTransformer(arch=dict(embed_dims=16, depths=(1, 2, 1, 1), num_heads=(1, 2, 4, 8))),
     'remvit': lambda: ReMViTv2(arch=dict(embed_dims=16, depths=(1, 1, 2, 1), num_heads=1)),
-    'fan_vit': lambda: FAN(arch=dict(form='vit', embed_dims=32, depth=3, num_heads=2)),
-    'fan_vit_cls': lambda: FAN(arch=dict(form='vit', embed_dims=32, depth=3, num_heads=2), out_type='cls_token'),
-    'fan_hybrid': lambda: FAN(arch=dict(form='hybrid', embed_dims=32, depth=3, num_heads=2, stem_depths=(1, 2),
-                                        stem_dims=(16, 24), out_block=1, down_channels=40)),
-    'fan_swin': lambda: FAN(arch=dict(form='swin', embed_dims=16, depths=(1, 2, 1, 1), num_heads=(1, 2, 2, 4))),
+    'fan_vit': lambda: FANViT(arch=dict(form='vit', embed_dims=32, depth=3, num_heads=2)),
+    'fan_vit_cls': lambda: FANViT(arch=dict(form='vit', embed_dims=32, depth=3, num_heads=2),
+                                  out_type='cls_token'),
+    'fan_hybrid': lambda: FANHybrid(arch=dict(form='hybrid', embed_dims=32, depth=3, num_heads=2,
+                                              stem_depths=(1, 2), stem_dims=(16, 24), out_block=1,
+                                              down_channels=40)),
+    'fan_swin': lambda: FANSwin(arch=dict(form='swin', embed_dims=16, depths=(1, 2, 1, 1),
+                                          num_heads=(1, 2, 2, 4))),
     'rmt': lambda **kw: RMT(arch=dict(DECAY_STAGES, decomposed=(True, True, False, False)), **kw),
     'evt': lambda **kw: EVT(arch=DECAY_STAGES, **kw),
     'evt_swin': lambda **kw: EVT(arch=dict(DECAY_STAGES, style='swin'), **kw),

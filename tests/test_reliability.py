@@ -697,7 +697,7 @@ def test_too_small_and_wrong_channel_inputs():
 
 
 @pytest.mark.parametrize('family,arch', [('ReViT', 'b'), ('ReSwinTransformer', 't'), ('ReMViTv2', 't'),
-                                         ('FAN', 'fan_hybrid_s'), ('RMT', 't'), ('EVT', 't'),
+                                         ('FANHybrid', 'fan_hybrid_s'), ('RMT', 't'), ('EVT', 't'),
                                          ('ShuntedTransformer', 't')])
 def test_unknown_arch_and_out_indices(family, arch):
     with pytest.raises(ValueError, match=rf"Unknown {family} arch 'xxl'; choose one of \[.*\].*or pass a dict"):

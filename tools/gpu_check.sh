@@ -242,7 +242,7 @@ print("gpu:", torch.cuda.get_device_name() if torch.cuda.is_available() else "no
   fi
   # a --basetemp of its own: pytest otherwise prunes the numbered temporary folders of other pytest sessions
   if want tests; then
-    local first='tests/test_cuda.py::test_cuda_equals_cpu_t_preset[FAN-vit_t]'
+    local first='tests/test_cuda.py::test_cuda_equals_cpu_t_preset[FANViT-vit_t]'
     ( rc=0
       timeout "$(left 60)" "$py" -m pytest "$first" -m cuda -p no:cacheprovider -v -rs \
         --basetemp "$(mktemp -d)" --junitxml "$out/cuda_tests_first.xml" || rc=1

@@ -23,10 +23,11 @@ TINY_CASES: Dict[str, Tuple[str, dict]] = {
                                        num_heads=(1, 2, 2, 4)))),
     'shunted': ('ShuntedTransformer', dict(arch=dict(_SMALL, depths=(1, 1, 1, 1), mlp_ratios=(2, 2, 2, 2),
                                                      sr_ratios=(8, 4, 2, 1)))),
-    'fan_vit': ('FAN', dict(arch=dict(form='vit', embed_dims=32, depth=2, num_heads=2))),
-    'fan_hybrid': ('FAN', dict(arch=dict(form='hybrid', embed_dims=32, depth=3, num_heads=2, stem_depths=(1, 1),
-                                         stem_dims=(16, 24), out_block=1, down_channels=40))),
-    'fan_swin': ('FAN', dict(arch=dict(form='swin', embed_dims=16, depths=(1, 2, 1, 1), num_heads=(1, 2, 2, 4)))),
+    'fan_vit': ('FANViT', dict(arch=dict(form='vit', embed_dims=32, depth=2, num_heads=2))),
+    'fan_hybrid': ('FANHybrid', dict(arch=dict(form='hybrid', embed_dims=32, depth=3, num_heads=2,
+                                               stem_depths=(1, 1), stem_dims=(16, 24), out_block=1, down_channels=40))),
+    'fan_swin': ('FANSwin', dict(arch=dict(form='swin', embed_dims=16, depths=(1, 2, 1, 1),
+                                           num_heads=(1, 2, 2, 4)))),
     'reswin': ('ReSwinTransformer', dict(arch=dict(embed_dims=16, depths=(2, 2, 2, 2), num_heads=(1, 2, 4, 8)))),
     'reswin_official': ('ReSwinTransformer', dict(arch=dict(embed_dims=16, depths=(2, 2, 2, 2),
                                                             num_heads=(1, 2, 4, 8)), residual_mode='official')),
@@ -36,15 +37,15 @@ TINY_CASES: Dict[str, Tuple[str, dict]] = {
 
 # (registered type, preset): the T-size preset of every form (ReViT's smallest is B)
 T_PRESETS: List[Tuple[str, str]] = [
-    ('RMT', 't'), ('EVT', 't'), ('EVT', 'swin_t'), ('FAN', 'vit_t'), ('FAN', 'hybrid_t'), ('FAN', 'swin_t'),
+    ('RMT', 't'), ('EVT', 't'), ('EVT', 'swin_t'), ('FANViT', 'vit_t'), ('FANHybrid', 'hybrid_t'),
+    ('FANSwin', 'swin_t'),
     ('ReSwinTransformer', 't'), ('ReMViTv2', 't'), ('ReViT', 'b'), ('ShuntedTransformer', 't')]
 T_PRESET_IDS = [f'{name}-{arch}' for name, arch in T_PRESETS]
 
 
 def resolve_arch(name: str, arch) -> dict:
-    """The arch dict a registered backbone type builds from ``arch`` (``'FAN'`` is a builder of its forms)."""
-    from mmvisatt.models.backbones.fan import FANBase
-    return dict((FANBase if name == 'FAN' else MODELS.get(name))._resolve_arch(arch))
+    """The arch dict a registered backbone type builds from ``arch``."""
+    return dict(MODELS.get(name)._resolve_arch(arch))
 
 
 def one_block_per_stage(name: str, arch: str) -> dict:

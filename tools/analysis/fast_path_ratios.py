@@ -1,9 +1,9 @@
 """Latency ratio of two models measured pass by pass in one process (the method of docs/performance.md).
 
 Pairs:
-  fast-path FAMILY ARCH   reference path / fused path (fused_attn=False / True) of RMT, EVT, FAN,
-                          ShuntedTransformer, ReSwinTransformer, ReViT or ReMViTv2, same weights (the reference
-                          model gets the fast model's state_dict)
+  fast-path FAMILY ARCH   reference path / fused path (fused_attn=False / True) of RMT, EVT, FANViT,
+                          FANHybrid, FANSwin, ShuntedTransformer, ReSwinTransformer, ReViT or ReMViTv2, same
+                          weights (the reference model gets the fast model's state_dict)
   reswin                  ReSwinTransformer(arch='t') / mmdet SwinTransformer of the same shape and settings
                           (--residual-mode aligned for the position-aligned residual scores)
   reswin-det              a whole detector config with a ReSwin backbone (--config, default
@@ -38,7 +38,8 @@ from benchmark import (ALLOCATORS, CLOCKS, TimmFeatures, apply_allocator, cpu_sp
                        time_pass)
 
 # the backbones, each with two attention paths under the one ``fused_attn`` switch
-FAMILIES = ('RMT', 'EVT', 'FAN', 'ShuntedTransformer', 'ReSwinTransformer', 'ReViT', 'ReMViTv2')
+FAMILIES = ('RMT', 'EVT', 'FANViT', 'FANHybrid', 'FANSwin', 'ShuntedTransformer', 'ReSwinTransformer', 'ReViT',
+            'ReMViTv2')
 DET_CONFIG = osp.join(osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))), 'configs',
                       'mask_rcnn_reswin_t_1x.py')
 # ReSwinTransformer arguments that mmdet's SwinTransformer takes under the same name and meaning
