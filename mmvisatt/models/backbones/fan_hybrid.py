@@ -78,7 +78,6 @@ class FANHybrid(_TokenFAN):
     the two ConvNeXt maps, FAN block ``out_block``, and a new 3x3 stride-2 conv on the patch tokens after the
     class-attention head (or, ``feat_downsample=False``, those tokens at stride 16, the segmentation layout)."""
     form = 'hybrid'
-    _registered_as = None  # errors name this class, not the deprecated FAN builder
 
     def __init__(self, arch: Union[str, dict] = 'hybrid_s', form: Optional[str] = None, *, in_channels: int = 3,
                  mlp_ratio: float = 4., qkv_bias: bool = True, drop_rate: float = 0., attn_drop_rate: float = 0.,

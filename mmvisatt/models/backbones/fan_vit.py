@@ -46,7 +46,6 @@ class FANViT(_TokenFAN):
     """FAN-ViT: a stride-16 conv stem, FAN blocks (token attention + efficient channel attention) and, for
     classification, the class-attention head; dense levels from a simple feature pyramid on the last block."""
     form = 'vit'
-    _registered_as = None  # errors name this class, not the deprecated FAN builder
 
     def __init__(self, arch: Union[str, dict] = 'vit_s', form: Optional[str] = None, *, in_channels: int = 3,
                  mlp_ratio: float = 4., qkv_bias: bool = True, drop_rate: float = 0., attn_drop_rate: float = 0.,
