@@ -28,7 +28,7 @@ varies from run to run with the machine's memory state, while user time is the c
 (``MALLOC_CONF=dirty_decay_ms:-1,muzzy_decay_ms:-1``; Debian ``libjemalloc2``), ``glibc-retain`` tells glibc to
 keep freed memory (``MALLOC_MMAP_THRESHOLD_`` / ``MALLOC_TRIM_THRESHOLD_`` / ``MALLOC_TOP_PAD_``), ``default``
 leaves the environment as it is. Large activations otherwise come back from the kernel as fresh pages on every
-pass, and their page faults are system time the model code cannot remove (docs/performance.md). The command
+pass, and their page faults are system time the model code cannot remove (docs/development.md). The command
 re-executes itself with the setting, which must be in place before the process starts; the memory subprocesses
 keep their own glibc setting.
 

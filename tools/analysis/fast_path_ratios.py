@@ -1,4 +1,4 @@
-"""Latency ratio of two models measured pass by pass in one process (the method of docs/performance.md).
+"""Latency ratio of two models measured pass by pass in one process (the method of docs/development.md).
 
 Pairs:
   fast-path FAMILY ARCH   reference path / fused path (fused_attn=False / True) of RMT, EVT, FANViT,
