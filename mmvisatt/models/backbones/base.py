@@ -82,7 +82,9 @@ class AttentionBackbone(BaseModule):
     _arch_aliases = {'tiny': 't', 'small': 's', 'base': 'b', 'large': 'l'}
     not_in_pretrained: Tuple[str, ...] = ()
     static_export_reason: Optional[str] = None
-    _registered_as: Optional[str] = None  # the registry type that builds it, where that is not the class name
+    # the registry type that builds this very class, where that is not its name (not inherited: a subclass is
+    # registered under its own name)
+    _registered_as: Optional[str] = None
 
     @property
     def min_input_size(self) -> int:
@@ -101,7 +103,8 @@ class AttentionBackbone(BaseModule):
         key = cls._arch_aliases.get(key, key)
         if key not in cls.arch_zoo:
             names = [k for k, v in cls._arch_aliases.items() if v in cls.arch_zoo]
-            raise ValueError(f"Unknown {cls._registered_as or cls.__name__} arch '{arch}'; choose one of "
+            registered = cls.__dict__.get('_registered_as') or cls.__name__
+            raise ValueError(f"Unknown {registered} arch '{arch}'; choose one of "
                              f"{sorted(cls.arch_zoo)} (or {cls._arch_prefix}_{'/'.join(cls.arch_zoo)}, "
                              f"{'/'.join(names)}) or pass a dict.")
         return cls._check_per_stage(dict(cls.arch_zoo[key]))

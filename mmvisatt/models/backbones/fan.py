@@ -474,7 +474,6 @@ class _TokenFAN(FANBase):
     _stem = ('patch_embed', 'pos_embed')
     _frozen_units = 'blocks'
     _stage_norms = False  # the output norms belong to the dense levels
-    _registered_as = None  # errors name the form's class, not the deprecated FAN builder
 
     def _build_tokens(self, arch: dict, stem: nn.Module, *, mlp_ratio: float, qkv_bias: bool, drop_rate: float,
                       attn_drop_rate: float, drop_path_rate: float, eta: float, cls_attn_layers: int,

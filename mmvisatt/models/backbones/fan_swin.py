@@ -65,7 +65,6 @@ class FANSwinBlock(nn.Module):
 class FANSwin(FANBase):
     """FAN-Swin: Swin-T/S/B/L stages whose MLPs are FAN's channel attention (``channel_attn`` per stage)."""
     form = 'swin'
-    _registered_as = None  # errors name this class, not the deprecated FAN builder
     static_export_reason = ('the window padding and shift mask are built from the map size in Python, so '
                             'torch.export fixes the size')
 
