@@ -111,8 +111,8 @@ def test_the_demo_figures_on_the_pages_are_the_recorded_run():
     assert record['version'] and record['commit'] and record['date'] and record['machine']['cpu']
     with open(osp.join(REPO, 'docs', 'getting_started.md')) as f:
         page = f.read()
-    block = page.split(record_demo.BEGIN, 1)[1].split(record_demo.END, 1)[0]
-    assert record_demo.BEGIN + block + record_demo.END == record_demo.markdown(record), \
+    block = page.split(f'<!-- {record_demo.MARKER}: begin -->', 1)[1].split(f'<!-- {record_demo.MARKER}: end -->', 1)[0]
+    assert block == f'\n{record_demo.markdown(record)}\n', \
         'run python tools/misc/record_demo.py --markdown docs/getting_started.md'
     held = set()
     for stage in ('pretrain', 'detection'):

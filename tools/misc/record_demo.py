@@ -23,6 +23,9 @@ import sys
 from typing import Dict, Optional
 
 ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+sys.path.insert(0, osp.join(ROOT, 'tools', 'analysis'))
+from benchmark import write_between_markers  # noqa: E402  (tools/analysis)
+
 STAMP = re.compile(r'^(\d{4}/\d{2}/\d{2} \d{2}:\d{2}:\d{2}) - ')
 
 
@@ -75,11 +78,12 @@ def stage(work_dir: str) -> Dict[str, object]:
                 date=datetime.datetime.fromtimestamp(osp.getmtime(path), datetime.timezone.utc).date().isoformat())
 
 
-BEGIN, END = '<!-- demo-run: begin -->', '<!-- demo-run: end -->'
+MARKER = 'demo-run'
 
 
 def markdown(record: dict) -> str:
-    """The page's block: what ran where, and each stage's first and last evaluation."""
+    """The page's block (between the demo-run markers): what ran where, and each stage's first and last
+    evaluation."""
     m, pre, det = record['machine'], record['pretrain'], record['detection']
     top1 = [pre[k]['metrics']['accuracy/top1'] for k in ('first', 'last')]
 
@@ -89,7 +93,6 @@ def markdown(record: dict) -> str:
         return value + (f" (AP50 {metrics[f'coco/{kind}_mAP_50']:.3f})" if when == 'last' else '')
 
     return '\n'.join([
-        BEGIN,
         "<!-- written by tools/misc/record_demo.py from docs/demo_run.json -->",
         f"The `{record['command']}` run of {record['date']} (mmvisatt {record['version']} at {record['commit']}; "
         f"{m['cores']} cores of an {m['cpu']}, {m['memory_gib']} GiB, torch {m['torch']}), as "
@@ -104,18 +107,7 @@ def markdown(record: dict) -> str:
         'segm mAP |',
         '|---|---|---|',
         f"| iteration {det['first']['iter']} | {coco('bbox', 'first')} | {coco('segm', 'first')} |",
-        f"| end of training (iteration {det['last']['iter']}) | {coco('bbox', 'last')} | {coco('segm', 'last')} |",
-        END])
-
-
-def write_markdown(page: str, record: dict) -> None:
-    with open(page) as f:
-        text = f.read()
-    if BEGIN not in text or END not in text:
-        raise SystemExit(f'{page} has no {BEGIN} ... {END} block to write')
-    head, rest = text.split(BEGIN, 1)
-    with open(page, 'w') as f:
-        f.write(head + markdown(record) + rest.split(END, 1)[1])
+        f"| end of training (iteration {det['last']['iter']}) | {coco('bbox', 'last')} | {coco('segm', 'last')} |"])
 
 
 def _commit(path: str) -> Optional[str]:
@@ -139,7 +131,10 @@ def main(argv=None) -> int:
         f.write('\n')
     print(f'wrote {args.out}')
     if args.markdown:
-        write_markdown(args.markdown, record)
+        try:
+            write_between_markers(args.markdown, MARKER, markdown(record))
+        except ValueError as error:
+            raise SystemExit(str(error))
         print(f'wrote {args.markdown}')
     return 0
 
