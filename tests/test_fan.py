@@ -12,8 +12,8 @@ from timm.layers import LayerNorm2d
 
 from mmvisatt.checkpoint import (CheckpointMismatchError, convert_checkpoint_file, convert_state_dict,
                                  load_pretrained)
-from mmvisatt.models.backbones import FANHybrid, FANSwin, FANViT
-from mmvisatt.models.backbones.fan import FAN, FANBase, FourierPositionEncoding
+from mmvisatt.models.backbones import FANSwin, FANViT
+from mmvisatt.models.backbones.fan import FAN, FANBase, FourierPositionEncoding, form_classes
 from mmvisatt.models.backbones.fan_hybrid import UnbiasedLayerNorm2d
 from mmvisatt.models.layers.attention import attention
 from mmvisatt.models.backbones.fan import EfficientChannelAttention, TokenAttention, channel_gate
@@ -37,8 +37,7 @@ FIXTURE = {
 
 def _fan(arch, **kwargs) -> FANBase:
     """The FAN form class ``arch`` names, built (what a config's type='FANViT' / 'FANHybrid' / 'FANSwin' does)."""
-    form = FANBase._resolve_form(arch, None)['form']
-    return dict(vit=FANViT, hybrid=FANHybrid, swin=FANSwin)[form](arch=arch, **kwargs)
+    return form_classes()[FANBase._resolve_form(arch, None)['form']](arch=arch, **kwargs)
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from mmvisatt.models.backbones import FANHybrid, FANSwin, FANViT
+from mmvisatt.models.backbones import FANSwin, FANViT
+from mmvisatt.models.backbones.fan import form_classes
 
-FORM_CLASSES = dict(vit=FANViT, hybrid=FANHybrid, swin=FANSwin)
+FORM_CLASSES = form_classes()
 
 REPO = Path(__file__).parents[1]
 DATA = REPO / 'tests' / 'data' / 'parity' / 'fan'

@@ -306,7 +306,6 @@ def _swin(dim: int, depths: Sequence[int], heads: Sequence[int]) -> dict:
 
 
 FORMS = ('vit', 'hybrid', 'swin')
-_FORM_CLASS_NAMES = {'vit': 'FANViT', 'hybrid': 'FANHybrid', 'swin': 'FANSwin'}
 # what forward returns: 'featmap' (the dense levels) or the features the official linear head reads
 OUT_TYPES = {'vit': ('featmap', 'cls_token'), 'hybrid': ('featmap', 'cls_token'), 'swin': ('featmap', 'avg_featmap')}
 
@@ -391,7 +390,7 @@ class FANBase(AttentionBackbone):
         arch = self._resolve_form(arch, form)
         if arch['form'] != self.form:
             raise ValueError(f"arch is a {arch['form']} FAN, not a {self.form} one; build it with "
-                             f"{_FORM_CLASS_NAMES[arch['form']]}")
+                             f"{form_classes()[arch['form']].__name__}")
         self.arch = arch
         if out_type not in OUT_TYPES[self.form]:
             raise ValueError(f"out_type '{out_type}' is not available for a {self.form} FAN; choose one of "
@@ -547,6 +546,15 @@ class _TokenFAN(FANBase):
             yield from (('cls_token', True), ('cls_attn_blocks', False), ('cls_norm', False))
 
 
+def form_classes() -> Dict[str, type]:
+    """FAN's class per form: ``{'vit': FANViT, 'hybrid': FANHybrid, 'swin': FANSwin}`` (imported when asked:
+    their files import this one)."""
+    from .fan_hybrid import FANHybrid
+    from .fan_swin import FANSwin
+    from .fan_vit import FANViT
+    return {'vit': FANViT, 'hybrid': FANHybrid, 'swin': FANSwin}
+
+
 @MODELS.register_module(name='FAN')
 def FAN(arch: Union[str, dict] = 'hybrid_s', form: Optional[str] = None, **kwargs) -> FANBase:  # noqa: N802
     """Deprecated: build the FAN form ``arch`` names (``type='FAN'`` in configs written before the forms had a
@@ -556,10 +564,7 @@ def FAN(arch: Union[str, dict] = 'hybrid_s', form: Optional[str] = None, **kwarg
     it (e.g. ``classifier=False`` for Swin, so one config can switch forms), and is an error otherwise that says
     which forms have it. Arguments: :class:`FANBase`.
     """
-    from .fan_hybrid import FANHybrid
-    from .fan_swin import FANSwin
-    from .fan_vit import FANViT
-    forms = {'vit': FANViT, 'hybrid': FANHybrid, 'swin': FANSwin}
+    forms = form_classes()
     target = forms[FANBase._resolve_form(arch, form)['form']]
     warnings.warn(f"type='FAN' is deprecated: write type='{target.__name__}' (the {target.form} form's class) in "
                   f"the backbone config; its arguments are the same", DeprecationWarning, stacklevel=2)
