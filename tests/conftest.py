@@ -39,7 +39,20 @@ def _row_count_independent_gemm() -> None:
 _row_count_independent_gemm()
 
 
+def _write_yapf_grammar_cache() -> None:
+    """mmengine imports yapf, which keeps its grammar as pickles in the user's cache directory and writes them again
+    whenever the installed grammar files are newer (in every new virtual environment). Two pytest-xdist workers
+    importing mmengine at once can then read a pickle the other is writing (EOFError at collection). Imported once
+    here, in the controlling process before any worker starts, yapf writes them first."""
+    try:
+        import yapf  # noqa: F401
+    except ImportError:
+        pass
+
+
 def pytest_configure(config):
+    if not os.environ.get('PYTEST_XDIST_WORKER'):
+        _write_yapf_grammar_cache()
     config.addinivalue_line('markers', 'slow: takes minutes (end-to-end training, several processes); '
                             'still part of the suite, deselect with -m "not slow" for a quick pass')
     config.addinivalue_line('markers', 'cuda: needs a CUDA GPU; skipped with the reason where none is visible '
